@@ -1,0 +1,102 @@
+//! The validated conversion: what the gateway sends to the writer. It is built only by
+//! [`crate::validate`]; raw email, phone and address never get into it, only their hashes.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// An external id as its decimal or literal string: `123` and `"123"` are the same id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ExternalId(pub(crate) String);
+
+impl ExternalId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A stage name, lower-cased.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Event(pub(crate) String);
+
+impl Event {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Lower-case hex SHA-256 of a normalized identifier.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Sha256Hex(pub(crate) String);
+
+impl Sha256Hex {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An exact decimal in canonical text (no leading zeros, no trailing fractional zeros), so
+/// that `"12.50"` and `12.5` are equal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Decimal(pub(crate) String);
+
+impl Decimal {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One validated conversion. `None` means "not sent": the stored value is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conversion {
+    pub event: Event,
+    pub external_id: ExternalId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_external_id: Option<ExternalId>,
+    /// UTC epoch milliseconds.
+    pub occurred_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visitor_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub click_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contact_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email_sha256: Option<Sha256Hex>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phone_sha256: Option<Sha256Hex>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_sha256: Option<Sha256Hex>,
+    /// ISO 3166-1 alpha-2, upper-case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Decimal>,
+    /// ISO 4217, upper-case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hdyhau: Option<String>,
+    /// When sent, replaces the stored tags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
+}
+
+/// An identifier that could not be used and was dropped; the conversion is still saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Warning {
+    EmailInvalid,
+    PhoneUnparseable,
+    AddressUnparseable,
+}
+
+/// A conversion that passed validation, with the warnings to report back to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidConversion {
+    pub conversion: Conversion,
+    pub warnings: Vec<Warning>,
+}

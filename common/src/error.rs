@@ -1,0 +1,92 @@
+//! The error codes of SPEC section 7. A code never changes meaning; this is the only place
+//! where a code is tied to its HTTP status.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidJson,
+    QueryNotAllowed,
+    MissingApiKey,
+    InvalidApiKey,
+    WorkspaceSuspended,
+    InsufficientScope,
+    WorkspaceNotFound,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+    OccurredAtOutOfRange,
+    RateLimited,
+    InternalError,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::QueryNotAllowed => "query_not_allowed",
+            ErrorCode::MissingApiKey => "missing_api_key",
+            ErrorCode::InvalidApiKey => "invalid_api_key",
+            ErrorCode::WorkspaceSuspended => "workspace_suspended",
+            ErrorCode::InsufficientScope => "insufficient_scope",
+            ErrorCode::WorkspaceNotFound => "workspace_not_found",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::ValidationFailed => "validation_failed",
+            ErrorCode::OccurredAtOutOfRange => "occurred_at_out_of_range",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::InternalError => "internal_error",
+        }
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidJson | ErrorCode::QueryNotAllowed => 400,
+            ErrorCode::MissingApiKey | ErrorCode::InvalidApiKey => 401,
+            ErrorCode::WorkspaceSuspended | ErrorCode::InsufficientScope => 403,
+            ErrorCode::WorkspaceNotFound | ErrorCode::NotFound => 404,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::ValidationFailed | ErrorCode::OccurredAtOutOfRange => 422,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::InternalError => 500,
+        }
+    }
+
+    /// The human message sent with the code. It never contains a value the client sent.
+    pub fn default_message(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "The request body is not valid JSON.",
+            ErrorCode::QueryNotAllowed => "Write endpoints take every field in the JSON body; remove the query string.",
+            ErrorCode::MissingApiKey => "Send your API key as 'Authorization: Bearer <API_KEY>'.",
+            ErrorCode::InvalidApiKey => "The API key is unknown or has been revoked.",
+            ErrorCode::WorkspaceSuspended => "The workspace of this API key is suspended.",
+            ErrorCode::InsufficientScope => "The API key lacks the scope this endpoint needs.",
+            ErrorCode::WorkspaceNotFound => "The workspace of this API key no longer exists.",
+            ErrorCode::NotFound => "There is no such endpoint.",
+            ErrorCode::PayloadTooLarge => "The request body is over the size limit of this endpoint.",
+            ErrorCode::UnsupportedMediaType => "Content-Encoding must be gzip or identity.",
+            ErrorCode::ValidationFailed => "One or more fields are invalid; see details.",
+            ErrorCode::OccurredAtOutOfRange => "occurred_at is more than 5 minutes in the future, or before the year 2000.",
+            ErrorCode::RateLimited => "Too many requests or conversions in this minute; retry after Retry-After seconds.",
+            ErrorCode::InternalError => "Server fault. Retry; report the request_id to support if it persists.",
+        }
+    }
+}
+
+/// One bad field: its path (`event`, `address.zip`, `tags.plan`) and a message that never
+/// contains the value that was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError { path: path.into(), message: message.into() }
+    }
+}

@@ -1,0 +1,20 @@
+//! Shared by the gateway and the writer.
+//!
+//! - [`error`]: the documented error codes and their HTTP statuses, in one place.
+//! - [`conversion`]: the validated, normalized and hashed conversion (no raw PII in it).
+//! - [`validate`]: raw JSON to a validated conversion, or the complete list of problems.
+//! - [`normalize`]: email, phone and address normalization and SHA-256 hashing.
+//! - [`message`]: the versioned messages between gateway and writer over Kafka.
+//! - [`ids`]: prefixed, sortable ids.
+//! - [`service`]: Kafka client settings and the shutdown signal (feature `service`).
+//! - [`config`]: the settings both programs take (database, Kafka, logging).
+
+pub mod config;
+pub mod conversion;
+pub mod error;
+pub mod ids;
+pub mod message;
+pub mod normalize;
+#[cfg(feature = "service")]
+pub mod service;
+pub mod validate;

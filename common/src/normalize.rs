@@ -1,0 +1,161 @@
+//! Normalization and SHA-256 hashing of email, phone and address (DESIGN section 5).
+//! Each function takes the raw text and returns only the hash, or `None` when the identifier
+//! cannot be used; the raw text goes no further than this module.
+
+use crate::conversion::Sha256Hex;
+use regex::Regex;
+use sha2::{Digest, Sha256};
+use std::sync::LazyLock;
+
+pub fn sha256_hex(text: &str) -> Sha256Hex {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        // Writing into a String cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut hex, format_args!("{byte:02x}"));
+    }
+    Sha256Hex(hex)
+}
+
+/// Trimmed and lower-cased; `None` when it does not look like an address: exactly one `@`,
+/// a non-empty local part, a domain with a dot between non-empty labels, no white space.
+pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
+    let email = raw.trim().to_lowercase();
+    let (local, domain) = email.split_once('@')?;
+    let plausible = !local.is_empty()
+        && !domain.contains('@')
+        && domain.contains('.')
+        && domain.split('.').all(|label| !label.is_empty())
+        && !email.chars().any(char::is_whitespace);
+    plausible.then(|| sha256_hex(&email))
+}
+
+/// E.164, parsed with `country` (ISO alpha-2) as the default region, else from a leading `+`.
+/// `None` when it cannot be parsed or is not a valid number for its region. One parse per call.
+pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
+    let region = match country {
+        Some(code) => Some(code.parse::<phonenumber::country::Id>().ok()?),
+        None => None,
+    };
+    let number = phonenumber::parse(region, raw).ok()?;
+    if !phonenumber::is_valid(&number) {
+        return None;
+    }
+    let e164 = number.format().mode(phonenumber::Mode::E164).to_string();
+    Some(sha256_hex(&e164))
+}
+
+/// The result of hashing an address: its hash, and whether the zip can be a postal code of the
+/// address's country. An unusable address is dropped by the caller.
+pub fn address_hash(line1: &str, zip: &str, country: &str) -> Option<Sha256Hex> {
+    let country = country.to_ascii_uppercase();
+    let line1 = canonical_text(line1);
+    let mut zip = canonical_text(zip);
+    if line1.is_empty() || zip.is_empty() || !postal_code_plausible(&zip, &country) {
+        return None;
+    }
+    if country == "US" {
+        // ZIP+4 is cut to the 5-digit ZIP, so both forms of one address hash alike.
+        zip.truncate(5);
+    }
+    Some(sha256_hex(&format!("{line1}|{zip}|{country}")))
+}
+
+/// Case-folded, punctuation to spaces, white space collapsed.
+fn canonical_text(raw: &str) -> String {
+    let folded: String = raw
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_punctuation() || c.is_whitespace() { ' ' } else { c })
+        .collect();
+    folded.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Postal code shapes of the countries we check; any other country's zip is accepted.
+/// `zip` is already canonical (lower-case, single spaces).
+fn postal_code_plausible(zip: &str, country: &str) -> bool {
+    static US: LazyLock<Regex> = LazyLock::new(|| pattern(r"^\d{5}( ?\d{4})?$"));
+    static CA: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z]\d[a-z] ?\d[a-z]\d$"));
+    static GB: LazyLock<Regex> =
+        LazyLock::new(|| pattern(r"^[a-z]{1,2}\d[a-z\d]? ?\d[a-z]{2}$"));
+    static FIVE_DIGITS: LazyLock<Regex> = LazyLock::new(|| pattern(r"^\d{5}$"));
+    match country {
+        "US" => US.is_match(zip),
+        "CA" => CA.is_match(zip),
+        "GB" => GB.is_match(zip),
+        "DE" | "FR" => FIVE_DIGITS.is_match(zip),
+        _ => true,
+    }
+}
+
+/// Compiles one of this crate's constant patterns.
+pub(crate) fn pattern(source: &str) -> Regex {
+    #[allow(clippy::expect_used)]
+    Regex::new(source).expect("constant pattern compiles")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_known_text() {
+        assert_eq!(
+            sha256_hex("abc").as_str(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn email_is_trimmed_and_lower_cased() {
+        assert_eq!(email_hash("  Ann@Example.COM "), Some(sha256_hex("ann@example.com")));
+    }
+
+    #[test]
+    fn implausible_emails_are_dropped() {
+        for bad in ["", "   ", "ann", "ann@", "@example.com", "ann@example", "a@b@c.com",
+            "ann smith@example.com", "ann@.com", "ann@example."] {
+            assert_eq!(email_hash(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn phone_uses_country_as_default_region() {
+        let expected = Some(sha256_hex("+14155552671"));
+        assert_eq!(phone_hash("(415) 555-2671", Some("US")), expected);
+        assert_eq!(phone_hash("+1 415 555 2671", None), expected);
+        assert_eq!(phone_hash("+1 415 555 2671", Some("DE")), expected);
+        assert_eq!(phone_hash("030 123456", Some("DE")), Some(sha256_hex("+4930123456")));
+    }
+
+    #[test]
+    fn unusable_phones_are_dropped() {
+        assert_eq!(phone_hash("(415) 555-2671", None), None, "no region");
+        assert_eq!(phone_hash("12", Some("US")), None, "too short");
+        assert_eq!(phone_hash("not a phone", Some("US")), None);
+        assert_eq!(phone_hash("4155552671", Some("ZZ")), None, "unknown region");
+    }
+
+    #[test]
+    fn address_is_canonicalized() {
+        let a = address_hash("1 Main St., Apt 4", "94105-1234", "us");
+        assert_eq!(a, Some(sha256_hex("1 main st apt 4|94105|US")));
+        assert_eq!(a, address_hash("  1 MAIN ST  APT 4 ", "94105", "US"));
+        assert_eq!(
+            address_hash("10 Downing Street", "SW1A 2AA", "GB"),
+            Some(sha256_hex("10 downing street|sw1a 2aa|GB"))
+        );
+    }
+
+    #[test]
+    fn implausible_zips_are_dropped() {
+        assert_eq!(address_hash("1 Main St", "ABCDE", "US"), None);
+        assert_eq!(address_hash("1 Main St", "1234", "DE"), None);
+        assert_eq!(address_hash("1 Main St", "12345", "CA"), None);
+        assert_eq!(address_hash("1 Main St", "12345", "GB"), None);
+        assert_eq!(address_hash("1 Main St", "123", "FR"), None);
+        assert!(address_hash("1 Main St", "K1A 0B1", "CA").is_some());
+        assert!(address_hash("1 Main St", "1010", "AT").is_some(), "unchecked country");
+        assert_eq!(address_hash("...", "12345", "US"), None, "nothing left of line1");
+    }
+}

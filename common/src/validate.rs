@@ -1,0 +1,378 @@
+//! Raw JSON to a [`ValidConversion`], or the complete list of problems (SPEC 2.1 and 2.2,
+//! DESIGN section 5). Every bad field is reported at once; no message contains a sent value.
+//!
+//! The walk over `serde_json::Value` is written by hand rather than with
+//! `#[serde(deny_unknown_fields)]` because serde stops at the first error, and the contract
+//! wants every bad field listed together.
+
+use crate::conversion::{Conversion, Decimal, Event, ExternalId, ValidConversion, Warning};
+use crate::error::FieldError;
+use crate::normalize::{self, pattern};
+use regex::Regex;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use time::format_description::well_known::{Iso8601, Rfc3339};
+use time::OffsetDateTime;
+
+/// Why a conversion was refused. Out-of-range `occurred_at` is its own code, reported only
+/// when every other field is valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalid {
+    Fields(Vec<FieldError>),
+    OccurredAtOutOfRange,
+}
+
+pub const MAX_BATCH_ITEMS: usize = 500;
+/// 2^53 - 1: the largest integer every JSON implementation holds exactly.
+pub const MAX_INTEGER_ID: u64 = 9_007_199_254_740_991;
+/// 2000-01-01T00:00:00Z.
+pub const EARLIEST_OCCURRED_AT_MS: i64 = 946_684_800_000;
+pub const FUTURE_TOLERANCE_MS: i64 = 5 * 60 * 1000;
+const MIN_EPOCH_MS: u64 = 1_000_000_000_000;
+const MAX_EPOCH_MS: u64 = 100_000_000_000_000;
+
+const FIELDS: [&str; 15] = [
+    "event", "external_id", "parent_external_id", "occurred_at", "visitor_id", "click_id",
+    "contact_id", "email", "phone", "country", "address", "value", "currency", "hdyhau", "tags",
+];
+const ADDRESS_FIELDS: [&str; 3] = ["line1", "zip", "country"];
+
+static EVENT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z0-9_]{1,40}$"));
+static VISITOR_ID: LazyLock<Regex> =
+    LazyLock::new(|| pattern(r"^([A-Za-z0-9_-]{16})(?:\.[0-9]{8})?$"));
+static CLICK_ID: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9A-Za-z]{12}$"));
+static COUNTRY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z]{2}$"));
+static CURRENCY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z]{3}$"));
+static VALUE_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{1,10}(\.[0-9]{1,6})?$"));
+static TAG_KEY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z_]{1,24}$"));
+static EPOCH_MS_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{13}$"));
+
+/// Validates one conversion input. `now_ms` is the server clock, for the future tolerance.
+pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Invalid> {
+    let Some(object) = input.as_object() else {
+        return Err(Invalid::Fields(vec![FieldError::new("", "must be a JSON object")]));
+    };
+    let mut check = Checker::default();
+    check.unknown_fields(object, &FIELDS, "");
+
+    let event = check.required(object, "event", "event").and_then(|v| check.pattern(v, "event", &EVENT));
+    let external_id = check.required(object, "external_id", "external_id").and_then(|v| check.external_id(v, "external_id"));
+    let parent_external_id =
+        sent(object, "parent_external_id").and_then(|v| check.external_id(v, "parent_external_id"));
+    let occurred_at = check.required(object, "occurred_at", "occurred_at").and_then(|v| check.occurred_at(v));
+    let visitor_id = sent(object, "visitor_id").and_then(|v| check.pattern(v, "visitor_id", &VISITOR_ID));
+    let click_id = sent(object, "click_id").and_then(|v| check.pattern(v, "click_id", &CLICK_ID));
+    let contact_id = sent(object, "contact_id").and_then(|v| check.text(v, "contact_id", 128));
+    let email = sent(object, "email").and_then(|v| check.max_chars(v, "email", 254));
+    let phone = sent(object, "phone").and_then(|v| check.max_chars(v, "phone", 32));
+    let country = sent(object, "country").and_then(|v| check.pattern(v, "country", &COUNTRY));
+    let address = sent(object, "address").and_then(|v| check.address(v));
+    let value = sent(object, "value").and_then(|v| check.value(v));
+    let currency = sent(object, "currency").and_then(|v| check.pattern(v, "currency", &CURRENCY));
+    let hdyhau = sent(object, "hdyhau").and_then(|v| check.text(v, "hdyhau", 200));
+    let tags = sent(object, "tags").and_then(|v| check.tags(v));
+
+    if !check.errors.is_empty() {
+        return Err(Invalid::Fields(check.errors));
+    }
+    let (Some(event), Some(external_id), Some(occurred_at_ms)) = (event, external_id, occurred_at) else {
+        // Unreachable: a missing required field always records an error above.
+        return Err(Invalid::Fields(vec![FieldError::new("", "required fields are missing")]));
+    };
+    if occurred_at_ms < EARLIEST_OCCURRED_AT_MS || occurred_at_ms > now_ms + FUTURE_TOLERANCE_MS {
+        return Err(Invalid::OccurredAtOutOfRange);
+    }
+
+    let country = country.map(str::to_ascii_uppercase);
+    let mut warnings = Vec::new();
+    let email_sha256 = email.and_then(|raw| {
+        let hash = normalize::email_hash(raw);
+        if hash.is_none() {
+            warnings.push(Warning::EmailInvalid);
+        }
+        hash
+    });
+    let phone_sha256 = phone.and_then(|raw| {
+        let hash = normalize::phone_hash(raw, country.as_deref());
+        if hash.is_none() {
+            warnings.push(Warning::PhoneUnparseable);
+        }
+        hash
+    });
+    let address_sha256 = address.and_then(|address| {
+        let address_country = address.country.map(str::to_ascii_uppercase).or_else(|| country.clone());
+        let hash = normalize::address_hash(address.line1, address.zip, address_country.as_deref().unwrap_or("US"));
+        if hash.is_none() {
+            warnings.push(Warning::AddressUnparseable);
+        }
+        hash
+    });
+
+    Ok(ValidConversion {
+        conversion: Conversion {
+            event: Event(event.to_ascii_lowercase()),
+            external_id,
+            parent_external_id,
+            occurred_at_ms,
+            visitor_id: visitor_id.map(str::to_owned),
+            click_id: click_id.map(str::to_owned),
+            contact_id: contact_id.map(str::to_owned),
+            email_sha256,
+            phone_sha256,
+            address_sha256,
+            country,
+            value,
+            currency: currency.map(str::to_ascii_uppercase),
+            hdyhau: hdyhau.map(str::to_owned),
+            tags,
+        },
+        warnings,
+    })
+}
+
+/// Validates the batch envelope `{conversions: [...]}` and returns its items. Items are
+/// validated one by one by the caller; an item that is not an object is an item error.
+pub fn validate_batch_envelope(input: &Value) -> Result<&Vec<Value>, Vec<FieldError>> {
+    let Some(object) = input.as_object() else {
+        return Err(vec![FieldError::new("", "must be a JSON object")]);
+    };
+    let mut check = Checker::default();
+    check.unknown_fields(object, &["conversions"], "");
+    let items = match object.get("conversions") {
+        None | Some(Value::Null) => {
+            check.error("conversions", "is required");
+            None
+        }
+        Some(Value::Array(items)) if items.is_empty() || items.len() > MAX_BATCH_ITEMS => {
+            check.error("conversions", "must have 1 to 500 items");
+            None
+        }
+        Some(Value::Array(items)) => Some(items),
+        Some(_) => {
+            check.error("conversions", "must be an array");
+            None
+        }
+    };
+    match items {
+        Some(items) if check.errors.is_empty() => Ok(items),
+        _ => Err(check.errors),
+    }
+}
+
+/// A field's value, or `None` when it was not sent: absent, `null` or `""`.
+fn sent<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    match object.get(name) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) if text.is_empty() => None,
+        Some(value) => Some(value),
+    }
+}
+
+fn has_control_chars(text: &str) -> bool {
+    text.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
+}
+
+/// Canonical text of a decimal given as digits with an optional fraction.
+fn canonical_decimal(text: &str) -> String {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let whole = whole.trim_start_matches('0');
+    let whole = if whole.is_empty() { "0" } else { whole };
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
+}
+
+struct AddressInput<'a> {
+    line1: &'a str,
+    zip: &'a str,
+    country: Option<&'a str>,
+}
+
+#[derive(Default)]
+struct Checker {
+    errors: Vec<FieldError>,
+}
+
+impl Checker {
+    fn error(&mut self, path: &str, message: &str) {
+        self.errors.push(FieldError::new(path, message));
+    }
+
+    fn unknown_fields(&mut self, object: &Map<String, Value>, known: &[&str], prefix: &str) {
+        for name in object.keys().filter(|name| !known.contains(&name.as_str())) {
+            self.errors.push(FieldError::new(format!("{prefix}{name}"), "is not a known field"));
+        }
+    }
+
+    fn required<'a>(&mut self, object: &'a Map<String, Value>, name: &str, path: &str) -> Option<&'a Value> {
+        let value = sent(object, name);
+        if value.is_none() {
+            self.error(path, "is required");
+        }
+        value
+    }
+
+    fn string<'a>(&mut self, value: &'a Value, path: &str) -> Option<&'a str> {
+        let text = value.as_str();
+        if text.is_none() {
+            self.error(path, "must be a string");
+        }
+        text
+    }
+
+    fn pattern<'a>(&mut self, value: &'a Value, path: &str, regex: &Regex) -> Option<&'a str> {
+        let text = self.string(value, path)?;
+        if regex.is_match(text) {
+            Some(text)
+        } else {
+            self.error(path, &format!("must match {}", regex.as_str()));
+            None
+        }
+    }
+
+    fn max_chars<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+        let text = self.string(value, path)?;
+        if text.chars().count() <= max {
+            Some(text)
+        } else {
+            self.error(path, &format!("must be at most {max} characters"));
+            None
+        }
+    }
+
+    /// 1 to `max` characters, no control characters.
+    fn text<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+        let text = self.string(value, path)?;
+        let length = text.chars().count();
+        if (1..=max).contains(&length) && !has_control_chars(text) {
+            Some(text)
+        } else {
+            self.error(path, &format!("must be 1 to {max} characters without control characters"));
+            None
+        }
+    }
+
+    fn external_id(&mut self, value: &Value, path: &str) -> Option<ExternalId> {
+        match value {
+            Value::String(_) => self.text(value, path, 128).map(|text| ExternalId(text.to_owned())),
+            Value::Number(number) => match number.as_u64() {
+                Some(integer) if integer <= MAX_INTEGER_ID => Some(ExternalId(integer.to_string())),
+                _ => {
+                    self.error(path, "must be an integer from 0 to 9007199254740991");
+                    None
+                }
+            },
+            _ => {
+                self.error(path, "must be a string or an integer");
+                None
+            }
+        }
+    }
+
+    /// Epoch milliseconds of a well-formed `occurred_at`; its range is checked by the caller.
+    fn occurred_at(&mut self, value: &Value) -> Option<i64> {
+        const PATH: &str = "occurred_at";
+        let millis = match value {
+            Value::Number(number) => number
+                .as_u64()
+                .filter(|ms| (MIN_EPOCH_MS..=MAX_EPOCH_MS).contains(ms))
+                .and_then(|ms| i64::try_from(ms).ok()),
+            Value::String(text) if EPOCH_MS_TEXT.is_match(text) => text.parse::<i64>().ok(),
+            Value::String(text) => parse_date_time(text),
+            _ => None,
+        };
+        if millis.is_none() {
+            self.error(
+                PATH,
+                "must be an ISO 8601 date-time with a time zone, epoch milliseconds, or a 13-digit string",
+            );
+        }
+        millis
+    }
+
+    fn value(&mut self, value: &Value) -> Option<Decimal> {
+        const PATH: &str = "value";
+        let canonical = match value {
+            Value::Number(number) => match (number.as_u64(), number.as_f64()) {
+                (Some(integer), _) if integer <= 1_000_000_000 => Some(integer.to_string()),
+                (None, Some(float)) if (0.0..=1e9).contains(&float) => {
+                    // f64's Display is the shortest text that reads back as the same number.
+                    Some(canonical_decimal(&format!("{}", float.abs())))
+                }
+                _ => None,
+            },
+            Value::String(text) if VALUE_TEXT.is_match(text) => Some(canonical_decimal(text)),
+            _ => None,
+        };
+        if canonical.is_none() {
+            self.error(PATH, "must be a number from 0 to 1000000000, or a string matching ^\\d{1,10}(\\.\\d{1,6})?$");
+        }
+        canonical.map(Decimal)
+    }
+
+    fn address<'a>(&mut self, value: &'a Value) -> Option<AddressInput<'a>> {
+        let Some(object) = value.as_object() else {
+            self.error("address", "must be an object");
+            return None;
+        };
+        let errors_before = self.errors.len();
+        self.unknown_fields(object, &ADDRESS_FIELDS, "address.");
+        let line1 = self
+            .required(object, "line1", "address.line1")
+            .and_then(|v| self.text_any(v, "address.line1", 200));
+        let zip = self.required(object, "zip", "address.zip").and_then(|v| self.text_any(v, "address.zip", 16));
+        let country = sent(object, "country").and_then(|v| self.pattern(v, "address.country", &COUNTRY));
+        if self.errors.len() != errors_before {
+            return None;
+        }
+        Some(AddressInput { line1: line1?, zip: zip?, country })
+    }
+
+    /// 1 to `max` characters of any kind (address lines are hashed, never stored).
+    fn text_any<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+        let text = self.string(value, path)?;
+        if (1..=max).contains(&text.chars().count()) {
+            Some(text)
+        } else {
+            self.error(path, &format!("must be 1 to {max} characters"));
+            None
+        }
+    }
+
+    fn tags(&mut self, value: &Value) -> Option<BTreeMap<String, String>> {
+        let Some(object) = value.as_object() else {
+            self.error("tags", "must be an object");
+            return None;
+        };
+        let errors_before = self.errors.len();
+        if object.len() > 5 {
+            self.error("tags", "must have at most 5 entries");
+        }
+        let mut tags = BTreeMap::new();
+        for (key, value) in object {
+            let path = format!("tags.{key}");
+            if !TAG_KEY.is_match(key) {
+                self.error(&path, "key must match ^[a-z_]{1,24}$");
+                continue;
+            }
+            match value.as_str() {
+                Some(text) if text.chars().count() <= 64 => {
+                    tags.insert(key.clone(), text.to_owned());
+                }
+                _ => self.error(&path, "must be a string of at most 64 characters"),
+            }
+        }
+        (self.errors.len() == errors_before).then_some(tags)
+    }
+}
+
+/// ISO 8601 date-time with a zone (`Z` or an offset), as UTC epoch milliseconds.
+fn parse_date_time(text: &str) -> Option<i64> {
+    let parsed = OffsetDateTime::parse(text, &Rfc3339)
+        .or_else(|_| OffsetDateTime::parse(text, &Iso8601::DEFAULT))
+        .ok()?;
+    i64::try_from(parsed.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+use super::*;
+use crate::normalize::sha256_hex;
+use serde_json::json;
+
+const NOW_MS: i64 = 1_780_000_000_000; // 2026-05-28
+
+fn base() -> Value {
+    json!({"event": "Lead", "external_id": "crm-1", "occurred_at": "2026-01-02T03:04:05Z"})
+}
+
+fn with(field: &str, value: Value) -> Value {
+    let mut input = base();
+    input[field] = value;
+    input
+}
+
+fn ok(input: &Value) -> ValidConversion {
+    match validate_conversion(input, NOW_MS) {
+        Ok(valid) => valid,
+        Err(invalid) => panic!("expected valid, got {invalid:?} for {input}"),
+    }
+}
+
+fn paths(input: &Value) -> Vec<String> {
+    match validate_conversion(input, NOW_MS) {
+        Err(Invalid::Fields(errors)) => errors.into_iter().map(|e| e.path).collect(),
+        other => panic!("expected field errors, got {other:?} for {input}"),
+    }
+}
+
+fn assert_field_rejects(field: &str, bad: &[Value]) {
+    for value in bad {
+        assert_eq!(paths(&with(field, value.clone())), vec![field.to_owned()], "{field} = {value}");
+    }
+}
+
+#[test]
+fn minimal_conversion_is_valid_and_normalized() {
+    let valid = ok(&base());
+    assert_eq!(valid.conversion.event.as_str(), "lead");
+    assert_eq!(valid.conversion.external_id.as_str(), "crm-1");
+    assert_eq!(valid.conversion.occurred_at_ms, 1_767_323_045_000);
+    assert!(valid.warnings.is_empty());
+}
+
+#[test]
+fn event_rules() {
+    for good in ["a", "LEAD", "qualified_lead_2", &"x".repeat(40)] {
+        ok(&with("event", json!(good)));
+    }
+    assert_field_rejects("event", &[json!("a-b"), json!("a b"), json!("é"), json!("x".repeat(41)), json!(1), json!(true)]);
+    assert_eq!(paths(&with("event", json!(""))), vec!["event"], "empty is not sent, and event is required");
+}
+
+#[test]
+fn external_id_string_and_integer_are_one_id() {
+    assert_eq!(ok(&with("external_id", json!(123))).conversion.external_id.as_str(), "123");
+    assert_eq!(ok(&with("external_id", json!("123"))).conversion.external_id.as_str(), "123");
+    assert_eq!(ok(&with("external_id", json!(0))).conversion.external_id.as_str(), "0");
+    assert_eq!(
+        ok(&with("external_id", json!(9_007_199_254_740_991_u64))).conversion.external_id.as_str(),
+        "9007199254740991"
+    );
+    ok(&with("external_id", json!("é".repeat(128))));
+}
+
+#[test]
+fn external_id_rules() {
+    let bad = [json!(-1), json!(9_007_199_254_740_992_u64), json!(123.0), json!(1e3), json!(1.5),
+        json!("x".repeat(129)), json!("a\u{0}b"), json!("tab\there"), json!("del\u{7f}"), json!(true),
+        json!([1]), json!({"a": 1})];
+    assert_field_rejects("external_id", &bad);
+    assert_field_rejects("parent_external_id", &bad);
+    assert_eq!(
+        ok(&with("parent_external_id", json!(77))).conversion.parent_external_id.map(|p| p.0),
+        Some("77".to_owned())
+    );
+}
+
+#[test]
+fn missing_required_fields_are_all_reported() {
+    assert_eq!(paths(&json!({})), vec!["event", "external_id", "occurred_at"]);
+    assert_eq!(paths(&json!({"event": null, "external_id": "", "occurred_at": null})), vec!["event", "external_id", "occurred_at"]);
+}
+
+#[test]
+fn not_an_object_is_refused() {
+    for input in [json!([]), json!(1), json!("x"), json!(null)] {
+        assert_eq!(paths(&input), vec![""]);
+    }
+}
+
+#[test]
+fn unknown_fields_are_named() {
+    let mut input = base();
+    input["colour"] = json!("red");
+    input["address"] = json!({"line1": "1 Main St", "zip": "94105", "line2": "x"});
+    assert_eq!(paths(&input), vec!["colour", "address.line2"]);
+}
+
+#[test]
+fn occurred_at_forms() {
+    let cases = [
+        (json!("2026-01-02T03:04:05Z"), 1_767_323_045_000),
+        (json!("2026-01-02T03:04:05.678Z"), 1_767_323_045_678),
+        (json!("2026-01-02T03:04:05.6789Z"), 1_767_323_045_678),
+        (json!("2026-01-02T04:04:05+01:00"), 1_767_323_045_000),
+        (json!("2026-01-01T22:04:05-05:00"), 1_767_323_045_000),
+        (json!(1_767_323_045_000_i64), 1_767_323_045_000),
+        (json!("1767323045000"), 1_767_323_045_000),
+    ];
+    for (input, expected) in cases {
+        assert_eq!(ok(&with("occurred_at", input.clone())).conversion.occurred_at_ms, expected, "{input}");
+    }
+}
+
+#[test]
+fn occurred_at_malformed() {
+    assert_field_rejects("occurred_at", &[
+        json!("2026-01-02T03:04:05"),        // no zone
+        json!("2026-01-02"),                 // no time
+        json!("2026-02-30T00:00:00Z"),       // no such date
+        json!("2026-13-01T00:00:00Z"),
+        json!("yesterday"),
+        json!("176732304500"),               // 12 digits
+        json!("17673230450000"),             // 14 digits
+        json!(999_999_999_999_i64),          // below the integer range
+        json!(100_000_000_000_001_i64),      // above it
+        json!(1_767_323_045_000.5),
+        json!(-1),
+        json!(true),
+    ]);
+}
+
+#[test]
+fn occurred_at_out_of_range() {
+    let future = NOW_MS + FUTURE_TOLERANCE_MS + 1;
+    for input in [json!("1999-12-31T23:59:59.999Z"), json!(future), json!("0000000000000"), json!(100_000_000_000_000_i64)] {
+        assert_eq!(validate_conversion(&with("occurred_at", input.clone()), NOW_MS), Err(Invalid::OccurredAtOutOfRange), "{input}");
+    }
+    for input in [json!("2000-01-01T00:00:00Z"), json!(NOW_MS + FUTURE_TOLERANCE_MS)] {
+        ok(&with("occurred_at", input));
+    }
+}
+
+#[test]
+fn out_of_range_is_reported_only_when_nothing_else_is_wrong() {
+    let mut input = with("occurred_at", json!("1990-01-01T00:00:00Z"));
+    input["event"] = json!("bad event");
+    assert_eq!(paths(&input), vec!["event"]);
+}
+
+#[test]
+fn visitor_click_contact_ids() {
+    ok(&with("visitor_id", json!("abcdEFGH1234_-xy")));
+    ok(&with("visitor_id", json!("abcdEFGH1234_-xy.12345678")));
+    assert_field_rejects("visitor_id", &[json!("short"), json!("abcdEFGH1234_-xy.1234567"), json!("abcdEFGH1234_-x!"), json!("abcdEFGH1234_-xyz"), json!(1)]);
+    ok(&with("click_id", json!("abcDEF123456")));
+    assert_field_rejects("click_id", &[json!("abcDEF12345"), json!("abcDEF1234567"), json!("abcDEF12345_")]);
+    ok(&with("contact_id", json!("c".repeat(128))));
+    assert_field_rejects("contact_id", &[json!("c".repeat(129)), json!("a\nb"), json!(5)]);
+}
+
+#[test]
+fn country_currency_hdyhau() {
+    assert_eq!(ok(&with("country", json!("de"))).conversion.country.as_deref(), Some("DE"));
+    assert_field_rejects("country", &[json!("DEU"), json!("D"), json!("1A")]);
+    assert_eq!(ok(&with("currency", json!("eur"))).conversion.currency.as_deref(), Some("EUR"));
+    assert_field_rejects("currency", &[json!("EU"), json!("EURO"), json!("E1R")]);
+    ok(&with("hdyhau", json!("h".repeat(200))));
+    assert_field_rejects("hdyhau", &[json!("h".repeat(201)), json!("a\u{1f}b")]);
+}
+
+#[test]
+fn value_is_an_exact_decimal() {
+    let cases = [(json!(12.5), "12.5"), (json!("12.50"), "12.5"), (json!("0012"), "12"), (json!(0), "0"),
+        (json!(1_000_000_000), "1000000000"), (json!("9999999999.999999"), "9999999999.999999"),
+        (json!(0.1), "0.1"), (json!("0.000000"), "0"), (json!(999_999_999.123_456), "999999999.123456")];
+    for (input, expected) in cases {
+        assert_eq!(ok(&with("value", input.clone())).conversion.value.map(|d| d.0).as_deref(), Some(expected), "{input}");
+    }
+    assert_field_rejects("value", &[json!(-1), json!(-0.5), json!(1_000_000_000.5), json!(1_000_000_001),
+        json!("1.1234567"), json!("12345678901"), json!("-1"), json!("1e3"), json!(".5"), json!("5."), json!(true)]);
+}
+
+#[test]
+fn tags_rules() {
+    let tags = json!({"plan": "pro", "a_b": "", "c": "x", "d": "y", "e": "z"});
+    assert_eq!(ok(&with("tags", tags)).conversion.tags.map(|t| t.len()), Some(5));
+    assert_eq!(paths(&with("tags", json!({"a":"1","b":"2","c":"3","d":"4","e":"5","f":"6"}))), vec!["tags"]);
+    assert_eq!(paths(&with("tags", json!({"Plan": "x"}))), vec!["tags.Plan"]);
+    assert_eq!(paths(&with("tags", json!({"plan": "x".repeat(65)}))), vec!["tags.plan"]);
+    assert_eq!(paths(&with("tags", json!({"plan": 1}))), vec!["tags.plan"]);
+    assert_eq!(paths(&with("tags", json!({&"k".repeat(25): "x"}))), vec![format!("tags.{}", "k".repeat(25))]);
+    assert_eq!(paths(&with("tags", json!(["x"]))), vec!["tags"]);
+}
+
+#[test]
+fn null_and_empty_optional_fields_are_not_sent() {
+    for field in ["parent_external_id", "visitor_id", "click_id", "contact_id", "email", "phone", "country",
+        "address", "value", "currency", "hdyhau", "tags"] {
+        assert_eq!(ok(&with(field, json!(null))), ok(&base()), "{field}: null");
+        assert_eq!(ok(&with(field, json!(""))), ok(&base()), "{field}: empty");
+    }
+}
+
+#[test]
+fn identifiers_are_hashed_and_never_kept_raw() {
+    let mut input = base();
+    input["email"] = json!(" Ann@Example.com");
+    input["phone"] = json!("(415) 555-2671");
+    input["country"] = json!("us");
+    input["address"] = json!({"line1": "1 Main St.", "zip": "94105-1234"});
+    let valid = ok(&input);
+    assert_eq!(valid.conversion.email_sha256, Some(sha256_hex("ann@example.com")));
+    assert_eq!(valid.conversion.phone_sha256, Some(sha256_hex("+14155552671")));
+    assert_eq!(valid.conversion.address_sha256, Some(sha256_hex("1 main st|94105|US")));
+    let wire = serde_json::to_string(&valid.conversion).unwrap_or_default();
+    for raw in ["Ann@", "ann@", "555", "Main", "main"] {
+        assert!(!wire.contains(raw), "{raw} leaked into {wire}");
+    }
+}
+
+#[test]
+fn address_country_defaults() {
+    let mut input = base();
+    input["address"] = json!({"line1": "1 Rue X", "zip": "75001"});
+    input["country"] = json!("FR");
+    assert_eq!(ok(&input).conversion.address_sha256, Some(sha256_hex("1 rue x|75001|FR")));
+    input["address"]["country"] = json!("de");
+    assert_eq!(ok(&input).conversion.address_sha256, Some(sha256_hex("1 rue x|75001|DE")));
+}
+
+#[test]
+fn unusable_identifiers_become_warnings() {
+    let mut input = base();
+    input["email"] = json!("not-an-email");
+    input["phone"] = json!("12");
+    input["address"] = json!({"line1": "1 Main St", "zip": "ABCDE"});
+    let valid = ok(&input);
+    assert_eq!(valid.warnings, vec![Warning::EmailInvalid, Warning::PhoneUnparseable, Warning::AddressUnparseable]);
+    assert_eq!((valid.conversion.email_sha256, valid.conversion.phone_sha256, valid.conversion.address_sha256), (None, None, None));
+}
+
+#[test]
+fn identifier_length_limits_are_validation_errors() {
+    assert_field_rejects("email", &[json!(format!("{}@example.com", "a".repeat(243))), json!(1)]);
+    assert_field_rejects("phone", &[json!("1".repeat(33)), json!(4155552671_u64)]);
+}
+
+#[test]
+fn address_rules() {
+    let address = |value: Value| with("address", value);
+    assert_eq!(paths(&address(json!({"zip": "94105"}))), vec!["address.line1"]);
+    assert_eq!(paths(&address(json!({"line1": "", "zip": ""}))), vec!["address.line1", "address.zip"]);
+    assert_eq!(paths(&address(json!({"line1": "x".repeat(201), "zip": "1".repeat(17)}))), vec!["address.line1", "address.zip"]);
+    assert_eq!(paths(&address(json!({"line1": "1 Main", "zip": "94105", "country": "USA"}))), vec!["address.country"]);
+    assert_eq!(paths(&address(json!("1 Main St"))), vec!["address"]);
+    ok(&address(json!({"line1": "x".repeat(200), "zip": "12345", "country": null})));
+}
+
+#[test]
+fn messages_never_contain_the_value() {
+    let secret = "SECRET-VALUE-42";
+    let mut input = json!({"event": secret, "external_id": [secret], "occurred_at": secret, "visitor_id": secret,
+        "click_id": secret, "contact_id": format!("{secret}\n"), "country": secret, "currency": secret,
+        "value": secret, "hdyhau": format!("{secret}\u{1}"), "tags": {"plan": secret.repeat(10)},
+        "address": {"line1": secret.repeat(20), "zip": secret}});
+    input["email"] = json!(secret.repeat(30));
+    match validate_conversion(&input, NOW_MS) {
+        Err(Invalid::Fields(errors)) => {
+            assert!(errors.len() >= 12, "{errors:?}");
+            for error in errors {
+                assert!(!error.message.contains(secret), "{error:?}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn batch_envelope() {
+    let item = base();
+    assert_eq!(validate_batch_envelope(&json!({"conversions": [item]})).map(Vec::len), Ok(1));
+    let many: Vec<Value> = (0..500).map(|_| base()).collect();
+    assert_eq!(validate_batch_envelope(&json!({"conversions": many})).map(Vec::len), Ok(500));
+    let too_many: Vec<Value> = (0..501).map(|_| base()).collect();
+    let refused = [json!({"conversions": []}), json!({"conversions": too_many}), json!({}),
+        json!({"conversions": {}}), json!({"conversions": [1], "extra": 1}), json!([base()])];
+    for input in refused {
+        assert!(validate_batch_envelope(&input).is_err(), "{input}");
+    }
+    let paths: Vec<String> = validate_batch_envelope(&json!({"conversions": [1], "extra": 1}))
+        .err().unwrap_or_default().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, vec!["extra"]);
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arbitrary_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            ".{0,40}".prop_map(Value::from),
+            "[0-9]{13}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 32, 8, |inner| {
+            let keys = prop_oneof![
+                Just("event".to_owned()), Just("external_id".to_owned()), Just("occurred_at".to_owned()),
+                Just("address".to_owned()), Just("tags".to_owned()), Just("value".to_owned()),
+                Just("phone".to_owned()), Just("email".to_owned()), Just("country".to_owned()),
+                Just("line1".to_owned()), Just("zip".to_owned()), Just("conversions".to_owned()),
+                "[a-z_]{1,8}",
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(keys, inner, 0..8).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_json_never_panics(input in arbitrary_json()) {
+            let _ = validate_conversion(&input, NOW_MS);
+            let _ = validate_batch_envelope(&input);
+        }
+
+        #[test]
+        fn errors_never_echo_string_values(marker in "[A-Z]{12}") {
+            let input = json!({"event": marker, "external_id": [marker], "occurred_at": marker, "tags": {"x": marker.repeat(6)}});
+            if let Err(Invalid::Fields(errors)) = validate_conversion(&input, NOW_MS) {
+                for error in errors {
+                    prop_assert!(!error.message.contains(&marker));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Quick start, command 1: installs what is missing, starts PostgreSQL, Redis and Tansu on
+# loopback, migrates, creates the topics, starts one gateway and one writer, creates a demo
+# workspace and key, and prints a curl command. Running it again is harmless.
+source "$(dirname "$0")/lib.sh"
+
+start_infrastructure
+build
+
+create_database intake
+export DATABASE_URL="$(database_url intake)"
+"$BIN/intake-writer" migrate >/dev/null
+"$BIN/intake-writer" topics --request-partitions 8 --reply-partitions 8 >/dev/null
+
+start_process writer "$BIN/intake-writer" run
+start_process gateway "$BIN/intake-gateway" --listen 127.0.0.1:8080 --ops-listen 127.0.0.1:8081 --reply-partition 0
+wait_for "gateway" 60 curl -fsS http://127.0.0.1:8081/readyz
+
+if [ ! -f "$INTAKE_HOME/demo-key.json" ]; then
+    workspace="$("$BIN/intake-writer" workspace create --name "Demo" --site demo.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
+    "$BIN/intake-writer" key create --workspace "$workspace" --scopes workspace:read,conversions:write >"$INTAKE_HOME/demo-key.json"
+fi
+key="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["secret"])' "$INTAKE_HOME/demo-key.json")"
+
+cat <<TXT
+
+intake is running: API http://127.0.0.1:8080/v1, ops http://127.0.0.1:8081/metrics
+Logs: $LOGS   Stop: deploy/down.sh
+Demo key: $key
+
+curl -sS -X POST http://127.0.0.1:8080/v1/conversions \\
+  -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
+  -d '{"event":"lead","external_id":"demo-1","occurred_at":"$(date -u +%Y-%m-%dT%H:%M:%SZ)","email":"ann@example.com","value":"12.50","currency":"EUR"}'
+TXT

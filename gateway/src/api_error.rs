@@ -1,0 +1,73 @@
+//! Every error the API answers, mapped to its status, code, body and headers in this one place.
+
+use crate::response::{json, Response};
+use intake_common::error::{ErrorCode, FieldError};
+use intake_common::validate::Invalid;
+use serde_json::json;
+
+/// The realm of the API keys' Bearer scheme (RFC 6750).
+const REALM: &str = "conversions";
+
+#[derive(Debug)]
+pub enum ApiError {
+    /// An error fully described by its code.
+    Code(ErrorCode),
+    Validation(Vec<FieldError>),
+    InsufficientScope { missing: &'static str },
+    RateLimited { retry_after_secs: u64 },
+    /// A server fault; the reason is logged, never sent.
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::Code(code) => *code,
+            ApiError::Validation(_) => ErrorCode::ValidationFailed,
+            ApiError::InsufficientScope { .. } => ErrorCode::InsufficientScope,
+            ApiError::RateLimited { .. } => ErrorCode::RateLimited,
+            ApiError::Internal(_) => ErrorCode::InternalError,
+        }
+    }
+
+    pub fn into_response(self, request_id: &str) -> Response {
+        let code = self.code();
+        if let ApiError::Internal(reason) = &self {
+            tracing::error!(request_id, %reason, "internal error");
+        }
+        let mut error = json!({
+            "code": code.as_str(),
+            "message": code.default_message(),
+            "request_id": request_id,
+        });
+        if let ApiError::Validation(details) = &self {
+            error["details"] = json!(details);
+        }
+        let mut response = json(code.status(), &json!({ "error": error }));
+        let headers = response.headers_mut();
+        let www_authenticate = match &self {
+            ApiError::Code(ErrorCode::MissingApiKey) => Some(format!("Bearer realm=\"{REALM}\"")),
+            ApiError::Code(ErrorCode::InvalidApiKey) => Some(format!("Bearer realm=\"{REALM}\", error=\"invalid_token\"")),
+            ApiError::InsufficientScope { missing } => {
+                Some(format!("Bearer realm=\"{REALM}\", error=\"insufficient_scope\", scope=\"{missing}\""))
+            }
+            _ => None,
+        };
+        if let Some(value) = www_authenticate.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
+            headers.insert(http::header::WWW_AUTHENTICATE, value);
+        }
+        if let ApiError::RateLimited { retry_after_secs } = self {
+            headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry_after_secs));
+        }
+        response
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        match invalid {
+            Invalid::Fields(details) => ApiError::Validation(details),
+            Invalid::OccurredAtOutOfRange => ApiError::Code(ErrorCode::OccurredAtOutOfRange),
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! One conversion from HTTP through Kafka to PostgreSQL and back (issue 2).
+
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{conversion, database, join_all, Stack, StackOptions};
+use std::time::Duration;
+
+async fn stored(workspace_id: &str, event: &str, external_id: &str) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
+    sqlx::query_as("SELECT id, value::text, hdyhau, currency FROM conversions WHERE workspace_id = $1 AND event = $2 AND external_id = $3")
+        .bind(workspace_id)
+        .bind(event)
+        .bind(external_id)
+        .fetch_optional(&database().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn create_then_unchanged_then_updated() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let mut input = conversion("Lead");
+    input["value"] = json!("12.50");
+
+    let created = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let result = &created.body["conversion"];
+    assert_eq!(result["result"], "created");
+    assert_eq!(result["event"], "lead", "event is stored lower-case");
+    assert_eq!(result["external_id"], input["external_id"]);
+    assert!(result["id"].as_str().is_some_and(|id| id.starts_with("cnv_")), "{result}");
+    assert!(result["chain_id"].as_str().is_some_and(|id| id.starts_with("chn_")), "{result}");
+    assert!(created.header("x-request-id").is_some());
+
+    let again = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body["conversion"]["result"], "unchanged");
+    assert_eq!(again.body["conversion"]["id"], result["id"]);
+    assert_eq!(again.body["conversion"]["chain_id"], result["chain_id"]);
+
+    input["value"] = json!(13);
+    let updated = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(updated.status, 200);
+    assert_eq!(updated.body["conversion"]["result"], "updated");
+    assert_eq!(updated.body["conversion"]["id"], result["id"]);
+
+    let row = stored(&key.workspace_id, "lead", input["external_id"].as_str().unwrap_or_default()).await;
+    assert_eq!(row.map(|r| r.1), Some(Some("13".to_owned())));
+}
+
+#[tokio::test]
+async fn omitted_null_and_empty_fields_keep_stored_values() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let mut input = conversion("lead");
+    input["hdyhau"] = json!("a podcast");
+    input["currency"] = json!("eur");
+    input["value"] = json!("12.50");
+    assert_eq!(stack.post("/v1/conversions", &key, &input).await.status, 201);
+
+    let mut resend = json!({"event": "LEAD", "external_id": input["external_id"], "occurred_at": input["occurred_at"]});
+    resend["hdyhau"] = json!("");
+    resend["currency"] = Value::Null;
+    resend["value"] = json!(12.5);
+    let reply = stack.post("/v1/conversions", &key, &resend).await;
+    assert_eq!((reply.status, reply.body["conversion"]["result"].clone()), (200, json!("unchanged")), "{reply:?}");
+
+    let row = stored(&key.workspace_id, "lead", input["external_id"].as_str().unwrap_or_default()).await;
+    let (_, value, hdyhau, currency) = row.unwrap_or_else(|| panic!("not stored"));
+    assert_eq!((value.as_deref(), hdyhau.as_deref(), currency.as_deref()), (Some("12.5"), Some("a podcast"), Some("EUR")));
+}
+
+#[tokio::test]
+async fn integer_and_string_external_id_are_one_conversion() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let number = (intake_tests::now_ms() % 1_000_000_000) as u64;
+    let first = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": number, "occurred_at": intake_tests::now_ms()})).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body["conversion"]["external_id"], json!(number.to_string()));
+    let second = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": number.to_string(), "occurred_at": intake_tests::now_ms()})).await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.body["conversion"]["id"], first.body["conversion"]["id"]);
+}
+
+#[tokio::test]
+async fn workspaces_are_isolated() {
+    let stack = Stack::start().await;
+    let (a, b) = (stack.workspace(), stack.workspace());
+    let input = conversion("lead");
+    assert_eq!(stack.post("/v1/conversions", &a, &input).await.status, 201);
+    assert_eq!(stack.post("/v1/conversions", &b, &input).await.status, 201, "same pair, other workspace: a new conversion");
+}
+
+#[tokio::test]
+async fn concurrent_sends_of_one_new_pair_create_it_once() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let input = conversion("purchase");
+    let client = stack.client();
+    let sends = (0..16).map(|_| {
+        let (client, key, input) = (client.clone(), key.clone(), input.clone());
+        async move { client.post("/v1/conversions", &key, &input).await }
+    });
+    let replies = join_all(sends).await;
+    let created = replies.iter().filter(|r| r.status == 201).count();
+    let unchanged = replies.iter().filter(|r| r.status == 200 && r.body["conversion"]["result"] == "unchanged").count();
+    assert_eq!((created, unchanged), (1, 15), "{replies:?}");
+    let ids: std::collections::BTreeSet<_> = replies.iter().map(|r| r.body["conversion"]["id"].to_string()).collect();
+    assert_eq!(ids.len(), 1);
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or_default();
+    assert_eq!(count, 1);
+}
+
+#[tokio::test]
+async fn a_writer_restarted_between_two_sends_keeps_the_conversion() {
+    let mut stack = Stack::start().await;
+    let key = stack.workspace();
+    let input = conversion("lead");
+    let first = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(first.status, 201);
+    stack.stop_writers(true);
+    stack.start_writer();
+    let second = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!((second.status, second.body["conversion"]["result"].clone()), (200, json!("unchanged")), "{second:?}");
+    assert_eq!(second.body["conversion"]["id"], first.body["conversion"]["id"]);
+}
+
+#[tokio::test]
+async fn no_writer_before_the_deadline_is_500_and_the_write_is_applied_later() {
+    let mut stack = Stack::start_with(StackOptions { write_timeout_ms: 1_500, start_writer: false, ..Default::default() }).await;
+    let key = stack.workspace();
+    let input = conversion("lead");
+    let timed_out = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(timed_out.status, 500, "{timed_out:?}");
+    assert_eq!(timed_out.error_code(), "internal_error");
+
+    stack.start_writer();
+    let external_id = input["external_id"].as_str().unwrap_or_default().to_owned();
+    let mut applied = None;
+    for _ in 0..100 {
+        applied = stored(&key.workspace_id, "lead", &external_id).await;
+        if applied.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(applied.is_some(), "the request the gateway gave up on was still applied");
+    let resend = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(resend.body["conversion"]["result"], "unchanged", "{resend:?}");
+}

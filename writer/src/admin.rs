@@ -1,0 +1,105 @@
+//! Operator commands on workspaces and keys (DESIGN section 9). Each returns the JSON object
+//! the command prints.
+
+use anyhow::{bail, Context};
+use rand::distributions::{Alphanumeric, DistString};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+pub const SCOPES: [&str; 2] = ["workspace:read", "conversions:write"];
+const KEY_PREFIX: &str = "svc_live_";
+const KEY_RANDOM_CHARS: usize = 40;
+
+pub struct NewWorkspace {
+    pub name: String,
+    pub project_id: Option<String>,
+    pub site_restriction: String,
+    pub sites: Vec<String>,
+}
+
+pub async fn create_workspace(pool: &PgPool, new: NewWorkspace) -> anyhow::Result<Value> {
+    if !["any", "listed"].contains(&new.site_restriction.as_str()) {
+        bail!("--site-restriction must be any or listed");
+    }
+    let id = intake_common::ids::workspace_id();
+    let project_id = new.project_id.unwrap_or_else(|| intake_common::ids::new_id("prj_"));
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO workspaces (id, name, project_id, site_restriction) VALUES ($1, $2, $3, $4)")
+        .bind(&id)
+        .bind(&new.name)
+        .bind(&project_id)
+        .bind(&new.site_restriction)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO sites (workspace_id, host) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING")
+        .bind(&id)
+        .bind(&new.sites)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(json!({ "id": id }))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum WorkspaceChange {
+    Suspend,
+    Resume,
+    Delete,
+}
+
+pub async fn change_workspace(pool: &PgPool, id: &str, change: WorkspaceChange) -> anyhow::Result<Value> {
+    let sql = match change {
+        WorkspaceChange::Suspend => "UPDATE workspaces SET status = 'suspended' WHERE id = $1 AND deleted_at IS NULL",
+        WorkspaceChange::Resume => "UPDATE workspaces SET status = 'active' WHERE id = $1 AND deleted_at IS NULL",
+        WorkspaceChange::Delete => "UPDATE workspaces SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL",
+    };
+    let updated = sqlx::query(sql).bind(id).execute(pool).await?.rows_affected();
+    if updated == 0 {
+        bail!("no workspace {id} (or it is deleted)");
+    }
+    Ok(match change {
+        WorkspaceChange::Suspend => json!({ "id": id, "status": "suspended" }),
+        WorkspaceChange::Resume => json!({ "id": id, "status": "active" }),
+        WorkspaceChange::Delete => json!({ "id": id, "deleted": true }),
+    })
+}
+
+pub async fn create_key(pool: &PgPool, workspace_id: &str, scopes: &[String]) -> anyhow::Result<Value> {
+    if scopes.is_empty() {
+        bail!("--scopes needs at least one of {}", SCOPES.join(", "));
+    }
+    if let Some(unknown) = scopes.iter().find(|scope| !SCOPES.contains(&scope.as_str())) {
+        bail!("unknown scope {unknown:?}; scopes are {}", SCOPES.join(", "));
+    }
+    let id = intake_common::ids::key_id();
+    let secret = format!("{KEY_PREFIX}{}", Alphanumeric.sample_string(&mut rand::rngs::OsRng, KEY_RANDOM_CHARS));
+    let inserted = sqlx::query(
+        "INSERT INTO api_keys (id, workspace_id, secret_sha256, scopes)
+         SELECT $1, id, $3, $4 FROM workspaces WHERE id = $2 AND deleted_at IS NULL",
+    )
+    .bind(&id)
+    .bind(workspace_id)
+    .bind(Sha256::digest(secret.as_bytes()).to_vec())
+    .bind(scopes)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        bail!("no workspace {workspace_id} (or it is deleted)");
+    }
+    Ok(json!({ "id": id, "secret": secret, "scopes": scopes }))
+}
+
+pub async fn revoke_key(pool: &PgPool, id: &str) -> anyhow::Result<Value> {
+    let updated = sqlx::query("UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .context("revoking the key")?
+        .rows_affected();
+    if updated == 0 {
+        bail!("no key {id}");
+    }
+    Ok(json!({ "id": id, "revoked": true }))
+}

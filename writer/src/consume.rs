@@ -1,0 +1,188 @@
+//! The writer's loop: take a request message, apply it, reply, and only then mark its offset
+//! for commit. Delivery is at least once; `applied_messages` makes a redelivery harmless.
+
+use crate::store;
+use intake_common::config::KafkaArgs;
+use intake_common::service::kafka_config;
+use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Deserialize;
+use sqlx::PgPool;
+use std::time::Duration;
+use tokio::sync::watch;
+
+pub struct Settings {
+    pub kafka: KafkaArgs,
+    pub group_id: String,
+    /// Attempts at a message that fails for a reason retrying cannot cure, before it goes to
+    /// the dead-letter topic.
+    pub max_attempts: u32,
+}
+
+/// Runs until `shutdown` turns true; the message in hand is finished (or, if it is stuck on
+/// an outage, left uncommitted for the next writer) and the offsets are committed.
+pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let consumer: StreamConsumer = kafka_config(
+        &settings.kafka,
+        &[
+            ("group.id", &settings.group_id),
+            ("enable.auto.commit", "true"),
+            ("enable.auto.offset.store", "false"),
+            // A group that starts after the gateways have sent requests must not skip them.
+            ("auto.offset.reset", "earliest"),
+            ("auto.commit.interval.ms", "500"),
+        ],
+    )
+    .create()?;
+    consumer.subscribe(&[&settings.kafka.requests_topic])?;
+    let producer: FutureProducer = kafka_config(&settings.kafka, &[("acks", "all"), ("linger.ms", "0")]).create()?;
+    let worker = Worker { pool, producer, settings };
+    tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
+
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.changed() => break,
+            message = consumer.recv() => message,
+        };
+        match message {
+            Ok(message) => {
+                if worker.handle(&message, &mut shutdown).await.is_err() {
+                    break; // shutting down with the message unfinished: it stays uncommitted
+                }
+                if let Err(error) = consumer.store_offset_from_message(&message) {
+                    tracing::warn!(%error, "could not store offset; the message may be redelivered");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "kafka consume error");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
+        tracing::warn!(%error, "final offset commit failed; the last messages may be redelivered");
+    }
+    tracing::info!("writer stopped");
+    Ok(())
+}
+
+struct Worker {
+    pool: PgPool,
+    producer: FutureProducer,
+    settings: Settings,
+}
+
+/// The message was not finished because the writer is shutting down.
+struct Interrupted;
+
+/// Enough of any message version to answer it when the rest cannot be read.
+#[derive(Deserialize)]
+struct Envelope {
+    correlation_id: String,
+    reply_partition: i32,
+}
+
+impl Worker {
+    async fn handle(&self, message: &BorrowedMessage<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let payload = message.payload().unwrap_or_default();
+        match serde_json::from_slice::<WriteRequest>(payload) {
+            Ok(WriteRequest::V1(request)) => {
+                let outcome = self.apply(&request, message, shutdown).await?;
+                self.reply(&request.correlation_id, request.reply_partition, outcome, shutdown).await
+            }
+            Err(error) => {
+                tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");
+                self.dead_letter(message, "unreadable", shutdown).await?;
+                match serde_json::from_slice::<Envelope>(payload) {
+                    Ok(envelope) => self.reply(&envelope.correlation_id, envelope.reply_partition, ChunkOutcome::Failed, shutdown).await,
+                    Err(_) => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Transient failures are retried with backoff for as long as they last; others a bounded
+    /// number of times, then the message goes to the dead-letter topic and is answered as failed.
+    async fn apply(
+        &self,
+        request: &WriteRequestV1,
+        message: &BorrowedMessage<'_>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<ChunkOutcome, Interrupted> {
+        let mut failures = 0;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let error = match store::apply_chunk(&self.pool, request).await {
+                Ok(results) => return Ok(ChunkOutcome::Applied { results }),
+                Err(error) => error,
+            };
+            if store::is_transient(&error) {
+                tracing::warn!(%error, correlation_id = %request.correlation_id, "database unavailable; retrying");
+            } else {
+                failures += 1;
+                tracing::error!(%error, correlation_id = %request.correlation_id, failures, "chunk failed");
+                if failures >= self.settings.max_attempts {
+                    self.dead_letter(message, "apply_failed", shutdown).await?;
+                    return Ok(ChunkOutcome::Failed);
+                }
+            }
+            pause(backoff, shutdown).await?;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn reply(
+        &self,
+        correlation_id: &str,
+        partition: i32,
+        outcome: ChunkOutcome,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
+        let reply = WriteReply::V1(WriteReplyV1 { correlation_id: correlation_id.to_owned(), outcome });
+        let payload = serde_json::to_vec(&reply).unwrap_or_default();
+        let record = || FutureRecord::to(&self.settings.kafka.replies_topic).partition(partition).key(correlation_id).payload(&payload);
+        self.produce(record, shutdown).await
+    }
+
+    async fn dead_letter(&self, message: &BorrowedMessage<'_>, reason: &str, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let payload = message.payload().unwrap_or_default();
+        let key = message.key().unwrap_or_default();
+        let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header { key: "reason", value: Some(reason) });
+        let record = || FutureRecord::to(&self.settings.kafka.dlq_topic).key(key).payload(payload).headers(headers.clone());
+        self.produce(record, shutdown).await
+    }
+
+    /// Produces until the broker acknowledges, retrying with backoff through a broker outage.
+    async fn produce<'a, K, P>(
+        &self,
+        record: impl Fn() -> FutureRecord<'a, K, P>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted>
+    where
+        K: rdkafka::message::ToBytes + ?Sized + 'a,
+        P: rdkafka::message::ToBytes + ?Sized + 'a,
+    {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.producer.send(record(), Duration::from_secs(5)).await {
+                Ok(_) => return Ok(()),
+                Err((error, _)) => tracing::warn!(%error, "produce failed; retrying"),
+            }
+            pause(backoff, shutdown).await?;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+async fn pause(duration: Duration, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    if *shutdown.borrow() {
+        return Err(Interrupted);
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => Ok(()),
+        _ = shutdown.changed() => Err(Interrupted),
+    }
+}
+

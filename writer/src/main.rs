@@ -1,0 +1,161 @@
+//! `intake-writer`: the only program that writes PostgreSQL. `run` applies request messages;
+//! the other subcommands are the operator commands. Every command prints one JSON object on
+//! stdout, or exits non-zero with a message on stderr.
+
+mod admin;
+mod consume;
+mod plan;
+mod store;
+mod topics;
+
+use clap::{Parser, Subcommand};
+use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
+use serde_json::{json, Value};
+use std::process::ExitCode;
+use tokio::sync::watch;
+
+#[derive(Parser)]
+#[command(name = "intake-writer", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Applies the database migrations.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Consumes write requests and applies them until SIGTERM or SIGINT.
+    Run {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// Consumer group shared by all writers.
+        #[arg(long, env = "INTAKE_WRITER_GROUP", default_value = "intake-writer")]
+        group_id: String,
+        /// Attempts at a message failing for a non-transient reason before it is dead-lettered.
+        #[arg(long, env = "INTAKE_WRITER_MAX_ATTEMPTS", default_value_t = 3)]
+        max_attempts: u32,
+    },
+    /// Creates the requests, replies and dead-letter topics (existing ones are left alone).
+    Topics {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        #[arg(long, env = "INTAKE_REQUEST_PARTITIONS", default_value_t = 8)]
+        request_partitions: i32,
+        /// One per gateway instance.
+        #[arg(long, env = "INTAKE_REPLY_PARTITIONS", default_value_t = 8)]
+        reply_partitions: i32,
+        #[arg(long, env = "INTAKE_TOPIC_REPLICATION", default_value_t = 1)]
+        replication: i32,
+        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000)]
+        retention_ms: i64,
+    },
+    Workspace {
+        #[command(subcommand)]
+        command: WorkspaceCommand,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkspaceCommand {
+    /// Prints {"id": "ws_..."}.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        project_id: Option<String>,
+        #[arg(long, default_value = "any")]
+        site_restriction: String,
+        #[arg(long = "site")]
+        sites: Vec<String>,
+    },
+    Suspend { id: String },
+    Resume { id: String },
+    Delete { id: String },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Prints {"id": "key_...", "secret": "svc_live_...", "scopes": [...]}; the secret is shown only here.
+    Create {
+        #[arg(long)]
+        workspace: String,
+        #[arg(long, value_delimiter = ',', default_value = "workspace:read,conversions:write")]
+        scopes: Vec<String>,
+    },
+    Revoke { id: String },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    match execute(cli.command).await {
+        Ok(output) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("intake-writer: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(command: Command) -> anyhow::Result<Value> {
+    match command {
+        Command::Migrate { database } => {
+            let pool = store::connect(&database.url, 1).await?;
+            sqlx::migrate!("../migrations").run(&pool).await?;
+            Ok(json!({ "migrated": true }))
+        }
+        Command::Run { database, kafka, group_id, max_attempts } => {
+            let pool = store::connect(&database.url, database.pool_size).await?;
+            let (stop, shutdown) = watch::channel(false);
+            tokio::spawn(async move {
+                intake_common::service::shutdown_signal().await;
+                tracing::info!("shutdown requested; finishing the message in hand");
+                let _ = stop.send(true);
+            });
+            consume::run(pool, consume::Settings { kafka, group_id, max_attempts }, shutdown).await?;
+            Ok(json!({ "stopped": true }))
+        }
+        Command::Topics { kafka, request_partitions, reply_partitions, replication, retention_ms } => {
+            let counts = topics::TopicCounts { request_partitions, reply_partitions, replication, retention_ms };
+            topics::create_topics(&kafka, &counts).await
+        }
+        Command::Workspace { command, database } => {
+            let pool = store::connect(&database.url, 1).await?;
+            match command {
+                WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
+                    admin::create_workspace(&pool, admin::NewWorkspace { name, project_id, site_restriction, sites }).await
+                }
+                WorkspaceCommand::Suspend { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Suspend).await,
+                WorkspaceCommand::Resume { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await,
+                WorkspaceCommand::Delete { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await,
+            }
+        }
+        Command::Key { command, database } => {
+            let pool = store::connect(&database.url, 1).await?;
+            match command {
+                KeyCommand::Create { workspace, scopes } => admin::create_key(&pool, &workspace, &scopes).await,
+                KeyCommand::Revoke { id } => admin::revoke_key(&pool, &id).await,
+            }
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Applies one chunk in one PostgreSQL transaction with a fixed number of statements, whatever
+//! the chunk's size: lock, look up the message, fetch related rows, then (only where there is
+//! something to do) insert chains, relabel merged chains, upsert conversions, record the message.
+
+use crate::plan::{self, Fields, Plan, StoredConversion};
+use intake_common::message::{ItemResult, WriteRequestV1};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::types::Json;
+use sqlx::{Postgres, Row, Transaction};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+}
+
+/// Applies the chunk, or returns the results it had when it was first applied.
+pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Vec<ItemResult>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // One workspace's chunks are applied one at a time, across writers and replays: the chain
+    // rules read, then write, rows of the whole workspace.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(&request.workspace_id)
+        .execute(&mut *tx)
+        .await?;
+    let applied: Option<Json<Vec<ItemResult>>> =
+        sqlx::query_scalar("SELECT results FROM applied_messages WHERE correlation_id = $1")
+            .bind(&request.correlation_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(Json(results)) = applied {
+        tx.rollback().await?;
+        return Ok(results);
+    }
+
+    let related = fetch_related(&mut tx, request).await?;
+    let plan = plan::plan_chunk(&request.items, related);
+    write_plan(&mut tx, &request.workspace_id, &plan).await?;
+    sqlx::query("INSERT INTO applied_messages (correlation_id, workspace_id, results) VALUES ($1, $2, $3)")
+        .bind(&request.correlation_id)
+        .bind(&request.workspace_id)
+        .bind(Json(&plan.results))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(plan.results)
+}
+
+/// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).
+async fn fetch_related(
+    tx: &mut Transaction<'_, Postgres>,
+    request: &WriteRequestV1,
+) -> Result<Vec<StoredConversion>, sqlx::Error> {
+    let external_ids: Vec<&str> = request.items.iter().map(|item| item.external_id.as_str()).collect();
+    let mut ids_and_parents = external_ids.clone();
+    ids_and_parents.extend(request.items.iter().filter_map(|item| item.parent_external_id.as_ref().map(|p| p.as_str())));
+    let rows = sqlx::query(
+        "SELECT id, event, external_id, chain_id, parent_external_id,
+                (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
+                visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
+                country, value::text AS value, currency, hdyhau, tags
+           FROM conversions
+          WHERE workspace_id = $1 AND (external_id = ANY($2) OR parent_external_id = ANY($3))",
+    )
+    .bind(&request.workspace_id)
+    .bind(&ids_and_parents)
+    .bind(&external_ids)
+    .fetch_all(&mut **tx)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(StoredConversion {
+                id: row.try_get("id")?,
+                event: row.try_get("event")?,
+                external_id: row.try_get("external_id")?,
+                chain_id: row.try_get("chain_id")?,
+                fields: Fields {
+                    parent_external_id: row.try_get("parent_external_id")?,
+                    occurred_at_ms: row.try_get("occurred_at_ms")?,
+                    visitor_id: row.try_get("visitor_id")?,
+                    click_id: row.try_get("click_id")?,
+                    contact_id: row.try_get("contact_id")?,
+                    email_sha256: row.try_get("email_sha256")?,
+                    phone_sha256: row.try_get("phone_sha256")?,
+                    address_sha256: row.try_get("address_sha256")?,
+                    country: row.try_get("country")?,
+                    value: row.try_get("value")?,
+                    currency: row.try_get("currency")?,
+                    hdyhau: row.try_get("hdyhau")?,
+                    tags: row.try_get::<Option<Json<BTreeMap<String, String>>>, _>("tags")?.map(|Json(tags)| tags),
+                },
+            })
+        })
+        .collect()
+}
+
+async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan: &Plan) -> Result<(), sqlx::Error> {
+    if !plan.new_chains.is_empty() {
+        sqlx::query("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($2::text[]) AS new(id)")
+            .bind(workspace_id)
+            .bind(&plan.new_chains)
+            .execute(&mut **tx)
+            .await?;
+    }
+    if !plan.merges.is_empty() {
+        let (from, into): (Vec<&str>, Vec<&str>) = plan.merges.iter().map(|(f, i)| (f.as_str(), i.as_str())).unzip();
+        sqlx::query(
+            "UPDATE conversions c SET chain_id = m.into_chain
+               FROM unnest($2::text[], $3::text[]) AS m(from_chain, into_chain)
+              WHERE c.workspace_id = $1 AND c.chain_id = m.from_chain",
+        )
+        .bind(workspace_id)
+        .bind(&from)
+        .bind(&into)
+        .execute(&mut **tx)
+        .await?;
+        // Chains merged earlier into a chain merged now point straight at the survivor, so an old
+        // chain id resolves in one step.
+        sqlx::query(
+            "UPDATE chains c SET merged_into = m.into_chain, merged_at = now()
+               FROM unnest($1::text[], $2::text[]) AS m(from_chain, into_chain)
+              WHERE c.id = m.from_chain OR c.merged_into = m.from_chain",
+        )
+        .bind(&from)
+        .bind(&into)
+        .execute(&mut **tx)
+        .await?;
+    }
+    if !plan.writes.is_empty() {
+        upsert_conversions(tx, workspace_id, &plan.writes).await?;
+    }
+    Ok(())
+}
+
+async fn upsert_conversions(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace_id: &str,
+    rows: &[StoredConversion],
+) -> Result<(), sqlx::Error> {
+    fn column<'a, T>(rows: &'a [StoredConversion], f: impl Fn(&'a StoredConversion) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    let tags: Vec<Option<String>> = column(rows, |r| {
+        r.fields.tags.as_ref().map(|tags| serde_json::to_string(tags).unwrap_or_else(|_| "{}".to_owned()))
+    });
+    sqlx::query(
+        "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
+                                  visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
+                                  country, value, currency, hdyhau, tags)
+         SELECT u.id, $1, u.event, u.external_id, u.chain_id, u.parent_external_id,
+                'epoch'::timestamptz + u.occurred_at_ms * interval '1 millisecond',
+                u.visitor_id, u.click_id, u.contact_id, u.email_sha256, u.phone_sha256, u.address_sha256,
+                u.country, u.value::numeric, u.currency, u.hdyhau, u.tags::jsonb
+           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::text[], $9::text[],
+                       $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
+                       $17::text[], $18::text[])
+             AS u(id, event, external_id, chain_id, parent_external_id, occurred_at_ms, visitor_id, click_id,
+                  contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
+         ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
+                chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
+                occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
+                contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
+                phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
+                country = excluded.country, value = excluded.value, currency = excluded.currency,
+                hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now()",
+    )
+    .bind(workspace_id)
+    .bind(column(rows, |r| r.id.as_str()))
+    .bind(column(rows, |r| r.event.as_str()))
+    .bind(column(rows, |r| r.external_id.as_str()))
+    .bind(column(rows, |r| r.chain_id.as_str()))
+    .bind(column(rows, |r| r.fields.parent_external_id.as_deref()))
+    .bind(column(rows, |r| r.fields.occurred_at_ms))
+    .bind(column(rows, |r| r.fields.visitor_id.as_deref()))
+    .bind(column(rows, |r| r.fields.click_id.as_deref()))
+    .bind(column(rows, |r| r.fields.contact_id.as_deref()))
+    .bind(column(rows, |r| r.fields.email_sha256.as_deref()))
+    .bind(column(rows, |r| r.fields.phone_sha256.as_deref()))
+    .bind(column(rows, |r| r.fields.address_sha256.as_deref()))
+    .bind(column(rows, |r| r.fields.country.as_deref()))
+    .bind(column(rows, |r| r.fields.value.as_deref()))
+    .bind(column(rows, |r| r.fields.currency.as_deref()))
+    .bind(column(rows, |r| r.fields.hdyhau.as_deref()))
+    .bind(tags)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// A failure that may pass by itself (the database unreachable, restarting, overloaded, or a
+/// serialization conflict), as opposed to one that retrying cannot cure.
+pub fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            let code = code.as_ref();
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57") || code == "40001" || code == "40P01"
+        }),
+        _ => false,
+    }
+}
