@@ -131,7 +131,7 @@ async fn error_order_auth_before_everything_else() {
     let reader = stack.workspace_with_scopes("workspace:read");
     let reply = stack.send(Method::POST, "/v1/conversions?x=1", Some(&reader.bearer()), Some(&json!({"bad": true}))).await;
     assert_eq!(reply.error_code(), "insufficient_scope", "scope before query string");
-    let writer = stack.workspace();
+    let writer = stack.workspace_with_scopes("conversions:write");
     let reply = stack.send(Method::POST, "/v1/conversions?x=1", Some(&writer.bearer()), Some(&json!({"bad": true}))).await;
     assert_eq!((reply.status, reply.error_code()), (400, "query_not_allowed"));
     let reply = stack.send(Method::POST, "/v1/conversions/batch?dry_run=true", Some(&writer.bearer()), Some(&json!({}))).await;
