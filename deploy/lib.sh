@@ -67,7 +67,8 @@ install_tansu() {
 
 start_postgres() {
     local data="$INTAKE_HOME/pg"
-    if as_postgres "$(pg_bin pg_ctl)" -D "$data" status >/dev/null 2>&1; then return; fi
+    # Already serving (this checkout's, or another checkout's on this machine): reuse it.
+    if port_open "$PG_PORT"; then return; fi
     if [ ! -f "$data/PG_VERSION" ]; then
         mkdir -p "$data"
         [ "$(id -u)" = 0 ] && chown postgres:postgres "$data"
