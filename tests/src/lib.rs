@@ -330,3 +330,52 @@ pub fn now_ms() -> i64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// Sends raw bytes as one HTTP/1.1 exchange and returns the status and the body text; for
+/// requests a well-behaved client cannot make (chunked without length, lying Content-Length).
+pub async fn raw_http(base_url: &str, request: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base_url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap_or_else(|e| panic!("connect: {e}"));
+    // The server may answer and close before the whole request is written.
+    let _ = stream.write_all(request).await;
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response)).await;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Every message on a topic, from the beginning, as text.
+pub fn topic_contents(topic: &str) -> String {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .set("group.id", format!("inspect-{}", ulid::Ulid::new()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create().unwrap_or_else(|e| panic!("consumer: {e}"));
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("metadata: {e}"));
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut remaining = 0;
+    for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = consumer.fetch_watermarks(topic, partition.id(), Duration::from_secs(10)).unwrap_or((0, 0));
+        remaining += high - low;
+        let _ = assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning);
+    }
+    let _ = consumer.assign(&assignment);
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while remaining > 0 && Instant::now() < deadline {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) {
+            text.push_str(&String::from_utf8_lossy(message.payload().unwrap_or_default()));
+            text.push('\n');
+            remaining -= 1;
+        }
+    }
+    assert_eq!(remaining, 0, "could not read all of {topic}");
+    text
+}
