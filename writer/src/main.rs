@@ -4,6 +4,7 @@
 
 mod admin;
 mod consume;
+mod erase;
 mod plan;
 mod store;
 mod topics;
@@ -69,6 +70,31 @@ enum Command {
         #[command(flatten)]
         database: DatabaseArgs,
     },
+    /// Erases one person's data; prints {"conversions": N, "visits": M}.
+    Erase {
+        #[arg(long)]
+        workspace: String,
+        #[command(flatten)]
+        identifier: EraseIdentifier,
+        /// Default region of --phone.
+        #[arg(long, requires = "phone")]
+        country: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct EraseIdentifier {
+    #[arg(long)]
+    email: Option<String>,
+    #[arg(long)]
+    phone: Option<String>,
+    #[arg(long)]
+    contact_id: Option<String>,
+    #[arg(long)]
+    visitor_id: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -149,6 +175,17 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 WorkspaceCommand::Resume { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await,
                 WorkspaceCommand::Delete { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await,
             }
+        }
+        Command::Erase { workspace, identifier, country, database } => {
+            let pool = store::connect(&database.url, 1).await?;
+            let identifier = match identifier {
+                EraseIdentifier { email: Some(email), .. } => erase::Identifier::Email(email),
+                EraseIdentifier { phone: Some(number), .. } => erase::Identifier::Phone { number, country },
+                EraseIdentifier { contact_id: Some(id), .. } => erase::Identifier::ContactId(id),
+                EraseIdentifier { visitor_id: Some(id), .. } => erase::Identifier::VisitorId(id),
+                _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
+            };
+            erase::erase(&pool, &workspace, identifier).await
         }
         Command::Key { command, database } => {
             let pool = store::connect(&database.url, 1).await?;

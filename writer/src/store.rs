@@ -1,6 +1,8 @@
 //! Applies one chunk in one PostgreSQL transaction with a fixed number of statements, whatever
 //! the chunk's size: lock, look up the message, fetch related rows, then (only where there is
-//! something to do) insert chains, relabel merged chains, upsert conversions, record the message.
+//! something to do) insert chains, relabel merged chains, upsert conversions, recompute their
+//! visit matches, record the message. At most 10 statements (12 round trips with BEGIN and
+//! COMMIT) for a chunk of 1 or of 100 items.
 
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use intake_common::message::{ItemResult, WriteRequestV1};
@@ -40,6 +42,7 @@ pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Vec<
     let related = fetch_related(&mut tx, request).await?;
     let plan = plan::plan_chunk(&request.items, related);
     write_plan(&mut tx, &request.workspace_id, &plan).await?;
+    match_visits(&mut tx, &request.workspace_id, &plan.writes, request.received_at_ms).await?;
     sqlx::query("INSERT INTO applied_messages (correlation_id, workspace_id, results) VALUES ($1, $2, $3)")
         .bind(&request.correlation_id)
         .bind(&request.workspace_id)
@@ -186,6 +189,59 @@ async fn upsert_conversions(
     .bind(column(rows, |r| r.fields.currency.as_deref()))
     .bind(column(rows, |r| r.fields.hdyhau.as_deref()))
     .bind(tags)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Matching window (DESIGN section 8): conversions older than this at receipt get no matches,
+/// and visits older than this before a conversion do not match it.
+const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
+
+/// Recomputes the visit matches of the written conversions: by the 16-character visitor id,
+/// by click id, and by contact id against the visit's recipient id; visits at or before
+/// `occurred_at` and within 90 days of it. Two statements per chunk.
+async fn match_visits(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace_id: &str,
+    rows: &[StoredConversion],
+    received_at_ms: i64,
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)").bind(&ids).execute(&mut **tx).await?;
+    let matchable: Vec<&StoredConversion> = rows
+        .iter()
+        .filter(|r| r.fields.occurred_at_ms >= received_at_ms - MATCH_WINDOW_MS)
+        .filter(|r| r.fields.visitor_id.is_some() || r.fields.click_id.is_some() || r.fields.contact_id.is_some())
+        .collect();
+    if matchable.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
+         SELECT c.id, v.id, m.matched_by
+           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int8[])
+                  AS c(id, visitor_id, click_id, contact_id, occurred_at_ms)
+           CROSS JOIN LATERAL (VALUES ('visitor_id', left(c.visitor_id, 16)), ('click_id', c.click_id),
+                                      ('contact_id', c.contact_id)) AS m(matched_by, value)
+           JOIN visits v ON v.workspace_id = $1
+                        AND v.visited_at <= 'epoch'::timestamptz + c.occurred_at_ms * interval '1 millisecond'
+                        AND v.visited_at >= 'epoch'::timestamptz + c.occurred_at_ms * interval '1 millisecond' - interval '90 days'
+                        AND ((m.matched_by = 'visitor_id' AND v.visitor_id = m.value)
+                          OR (m.matched_by = 'click_id' AND v.click_id = m.value)
+                          OR (m.matched_by = 'contact_id' AND v.recipient_id = m.value))
+          WHERE m.value IS NOT NULL
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(workspace_id)
+    .bind(matchable.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+    .bind(matchable.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
+    .bind(matchable.iter().map(|r| r.fields.click_id.as_deref()).collect::<Vec<_>>())
+    .bind(matchable.iter().map(|r| r.fields.contact_id.as_deref()).collect::<Vec<_>>())
+    .bind(matchable.iter().map(|r| r.fields.occurred_at_ms).collect::<Vec<_>>())
     .execute(&mut **tx)
     .await?;
     Ok(())

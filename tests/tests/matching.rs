@@ -1,0 +1,149 @@
+//! Matching to visits at write time, and the operator's erasure of a person (DESIGN section 8).
+
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{database, now_ms, Stack};
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Inserts a visit `age_ms` before now and returns its id.
+async fn visit(workspace_id: &str, visitor: Option<&str>, click: Option<&str>, recipient: Option<&str>, at_ms: i64) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO visits (workspace_id, visitor_id, click_id, recipient_id, visited_at, page)
+         VALUES ($1, $2, $3, $4, 'epoch'::timestamptz + $5 * interval '1 millisecond', '/pricing') RETURNING id",
+    )
+    .bind(workspace_id)
+    .bind(visitor)
+    .bind(click)
+    .bind(recipient)
+    .bind(at_ms)
+    .fetch_one(&database().await)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn matches(conversion_id: &Value) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT visit_id, matched_by FROM conversion_matches WHERE conversion_id = $1 ORDER BY visit_id, matched_by")
+        .bind(conversion_id.as_str().unwrap_or_default())
+        .fetch_all(&database().await)
+        .await
+        .unwrap_or_default()
+}
+
+fn unique(length: usize) -> String {
+    ulid::Ulid::new().to_string().chars().rev().take(length).collect()
+}
+
+#[tokio::test]
+async fn matches_by_visitor_click_and_contact_within_the_window() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ws = &key.workspace_id;
+    let (visitor, click, contact) = (unique(16), unique(12), format!("crm-{}", unique(8)));
+    let occurred = now_ms() - 10 * DAY_MS;
+    let by_visitor = visit(ws, Some(&visitor), None, None, occurred - DAY_MS).await;
+    let by_click = visit(ws, None, Some(&click), None, occurred).await;
+    let by_contact = visit(ws, None, None, Some(&contact), occurred - 89 * DAY_MS).await;
+    let _after = visit(ws, Some(&visitor), None, None, occurred + 1000).await;
+    let _too_old = visit(ws, Some(&visitor), None, None, occurred - 91 * DAY_MS).await;
+    let _other_workspace = visit(&stack.workspace().workspace_id, Some(&visitor), None, None, occurred - DAY_MS).await;
+
+    let input = json!({"event": "purchase", "external_id": unique(10), "occurred_at": occurred,
+        "visitor_id": format!("{visitor}.12345678"), "click_id": click, "contact_id": contact});
+    let reply = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let found = matches(&reply.body["conversion"]["id"]).await;
+    assert_eq!(found, vec![(by_visitor, "visitor_id".to_owned()), (by_click, "click_id".to_owned()), (by_contact, "contact_id".to_owned())]);
+}
+
+#[tokio::test]
+async fn conversions_older_than_90_days_get_no_matches() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let visitor = unique(16);
+    let just_inside = now_ms() - 90 * DAY_MS + 60_000;
+    let just_outside = now_ms() - 90 * DAY_MS - 60_000;
+    visit(&key.workspace_id, Some(&visitor), None, None, just_outside - DAY_MS).await;
+    let send = |occurred: i64| json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred, "visitor_id": visitor});
+    let inside = stack.post("/v1/conversions", &key, &send(just_inside)).await;
+    let outside = stack.post("/v1/conversions", &key, &send(just_outside)).await;
+    assert_eq!((inside.status, outside.status), (201, 201), "old conversions are accepted");
+    assert_eq!(matches(&inside.body["conversion"]["id"]).await.len(), 1);
+    assert_eq!(matches(&outside.body["conversion"]["id"]).await.len(), 0);
+}
+
+#[tokio::test]
+async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempotent() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ws = key.workspace_id.clone();
+    let (visitor, contact) = (unique(16), format!("crm-{}", unique(8)));
+    let email = format!("{}@Example.com", unique(8));
+    let occurred = now_ms() - DAY_MS;
+    visit(&ws, Some(&visitor), None, None, occurred - 1000).await;
+    visit(&ws, None, None, Some(&contact), occurred - 2000).await;
+    let input = json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred, "email": email,
+        "phone": "+14155552671", "visitor_id": visitor, "contact_id": contact, "hdyhau": "radio",
+        "address": {"line1": "1 Main St", "zip": "94105"}});
+    let created = stack.post("/v1/conversions", &key, &input).await;
+    let other = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred})).await;
+    assert_eq!((created.status, other.status), (201, 201));
+    assert_eq!(matches(&created.body["conversion"]["id"]).await.len(), 2);
+
+    let erased = stack.run_writer_command(&["erase", "--workspace", &ws, "--email", &format!("  {}", email.to_uppercase())])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(erased, json!({"conversions": 1, "visits": 2}));
+    let db = database().await;
+    let row: (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256, hdyhau FROM conversions WHERE id = $1")
+            .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
+            .fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(row, (None, None, None, None, None, None, None));
+    let (conversions, visits, audits): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM conversions WHERE workspace_id = $1), (SELECT count(*) FROM visits WHERE workspace_id = $1),
+                (SELECT count(*) FROM erasures WHERE workspace_id = $1 AND identifier_kind = 'email')")
+        .bind(&ws).fetch_one(&db).await.unwrap_or_default();
+    assert_eq!((conversions, visits, audits), (2, 0, 1), "counts stay; visits go; one audit row");
+    let audit_text: String = sqlx::query_scalar("SELECT row_to_json(e)::text FROM erasures e WHERE workspace_id = $1")
+        .bind(&ws).fetch_one(&db).await.unwrap_or_default();
+    assert!(!audit_text.to_lowercase().contains(&email.to_lowercase()));
+
+    let again = stack.run_writer_command(&["erase", "--workspace", &ws, "--email", &email]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(again, json!({"conversions": 0, "visits": 0}));
+
+    let resent = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(resent.body["conversion"]["result"], "updated", "a later send stores the data again");
+    let email_hash: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE id = $1")
+        .bind(created.body["conversion"]["id"].as_str().unwrap_or_default()).fetch_one(&db).await.unwrap_or_default();
+    assert!(email_hash.is_some());
+}
+
+#[tokio::test]
+async fn erasure_by_phone_contact_and_visitor_id() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ws = key.workspace_id.clone();
+    let (visitor, contact) = (unique(16), format!("crm-{}", unique(8)));
+    let send = |extra: Value| {
+        let mut input = json!({"event": "lead", "external_id": unique(10), "occurred_at": now_ms()});
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            input[k] = v;
+        }
+        input
+    };
+    stack.post("/v1/conversions", &key, &send(json!({"phone": "(415) 555-2671", "country": "US"}))).await;
+    stack.post("/v1/conversions", &key, &send(json!({"contact_id": contact}))).await;
+    stack.post("/v1/conversions", &key, &send(json!({"visitor_id": format!("{visitor}.20260101")}))).await;
+    visit(&ws, Some(&visitor), None, None, now_ms() - 5000).await;
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        stack.run_writer_command(&args).unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let base = |flag: &str, value: &str| vec!["erase".to_owned(), "--workspace".to_owned(), ws.clone(), flag.to_owned(), value.to_owned()];
+    let mut phone = base("--phone", "415-555-2671");
+    phone.extend(["--country".to_owned(), "us".to_owned()]);
+    assert_eq!(run(phone), json!({"conversions": 1, "visits": 0}));
+    assert_eq!(run(base("--contact-id", &contact)), json!({"conversions": 1, "visits": 0}));
+    assert_eq!(run(base("--visitor-id", &visitor)), json!({"conversions": 1, "visits": 1}));
+    assert!(stack.run_writer_command(&["erase", "--workspace", &ws]).is_err(), "an identifier is required");
+    assert!(stack.run_writer_command(&["erase", "--workspace", &ws, "--email", "a@b.co", "--contact-id", "x"]).is_err());
+}
