@@ -47,6 +47,11 @@ install_packages() {
     fi
 }
 
+install_python_venv() {
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip >/dev/null
+}
+
 pg_bin() {
     local dir
     dir="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
