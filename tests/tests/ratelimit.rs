@@ -1,0 +1,178 @@
+//! Fixed one-minute windows in Redis (DESIGN section 4), against a real Redis.
+
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{conversion, database, join_all, Reply, Stack, StackOptions};
+use reqwest::Method;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Waits until the current minute has at least `needed` seconds left, so a test's requests
+/// fall into one window.
+async fn start_of_a_window(needed: u64) {
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
+    if 60 - second < needed {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+}
+
+fn assert_rate_limited(reply: &Reply) {
+    assert_eq!((reply.status, reply.error_code()), (429, "rate_limited"), "{reply:?}");
+    let retry_after: u64 = reply.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+}
+
+#[tokio::test]
+async fn sixty_four_concurrent_clients_get_exactly_600_requests_through() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    start_of_a_window(20).await;
+    let client = stack.client();
+    let sends = (0..64).map(|_| {
+        let (client, key) = (client.clone(), key.clone());
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..11 {
+                statuses.push(client.send(Method::GET, "/v1/workspace", Some(&key.bearer()), None).await);
+            }
+            statuses
+        }
+    });
+    let replies: Vec<Reply> = join_all(sends).await.into_iter().flatten().collect();
+    let passed = replies.iter().filter(|r| r.status == 200).count();
+    assert_eq!(passed, 600, "64 x 11 = 704 requests in one window");
+    for reply in replies.iter().filter(|r| r.status != 200) {
+        assert_rate_limited(reply);
+    }
+    // Every endpoint counts against the same window, and is refused before the body is read.
+    let write = stack.send(Method::POST, "/v1/conversions", Some(&key.bearer()), Some(&json!("not even json"))).await;
+    assert_rate_limited(&write);
+}
+
+#[tokio::test]
+async fn ratelimit_headers_describe_the_request_window() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    start_of_a_window(5).await;
+    let first = stack.get("/v1/workspace", &key).await;
+    let second = stack.post("/v1/conversions", &key, &json!({"bad": 1})).await;
+    assert_eq!(first.header("ratelimit-limit"), Some("600"));
+    assert_eq!(first.header("ratelimit-remaining"), Some("599"));
+    assert_eq!(second.header("ratelimit-remaining"), Some("598"), "an error after the check counts too");
+    let reset: u64 = first.header("ratelimit-reset").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!((1..=60).contains(&reset));
+    let unauthenticated = stack.send(Method::GET, "/v1/workspace", None, None).await;
+    assert!(unauthenticated.header("ratelimit-limit").is_none());
+}
+
+#[tokio::test]
+async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
+    let stack = Stack::start_with(StackOptions { conversions_per_minute: 10, ..Default::default() }).await;
+    let key = stack.workspace();
+    start_of_a_window(15).await;
+    let batch = |n: usize| json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()});
+    let mut with_invalid = batch(7);
+    with_invalid["conversions"][3] = json!({"event": "bad!"});
+    assert_eq!(stack.post("/v1/conversions/batch", &key, &with_invalid).await.status, 200, "7 counted, invalid ones too");
+    let refused = stack.post("/v1/conversions/batch", &key, &batch(4)).await;
+    assert_rate_limited(&refused);
+    assert_eq!(stack.post("/v1/conversions/batch", &key, &batch(2)).await.status, 200, "the refused 4 were not counted: 9");
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201, "10");
+    assert_rate_limited(&stack.post("/v1/conversions", &key, &conversion("lead")).await);
+    let invalid = stack.post("/v1/conversions", &key, &json!({"event": "x"})).await;
+    assert_eq!(invalid.error_code(), "validation_failed", "validation comes before the conversion limit");
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not conversions");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(&key.workspace_id).fetch_one(&database().await).await.unwrap_or(-1);
+    assert_eq!(stored, 6 + 2 + 1, "nothing of the refused writes was written");
+}
+
+#[tokio::test]
+async fn keys_have_windows_of_their_own() {
+    let stack = Stack::start_with(StackOptions { requests_per_minute: 3, ..Default::default() }).await;
+    let (a, b) = (stack.workspace(), stack.workspace());
+    start_of_a_window(10).await;
+    for _ in 0..3 {
+        assert_eq!(stack.get("/v1/workspace", &a).await.status, 200);
+    }
+    assert_rate_limited(&stack.get("/v1/workspace", &a).await);
+    assert_eq!(stack.get("/v1/workspace", &b).await.status, 200);
+}
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_redis(port: u16) -> Redis {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("redis-server: {e}"));
+    std::thread::sleep(Duration::from_millis(300));
+    Redis(child)
+}
+
+#[tokio::test]
+async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+    let redis = start_redis(port);
+    let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 5, ..Default::default() }).await;
+    let key = stack.workspace();
+    start_of_a_window(25).await;
+    for _ in 0..5 {
+        assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
+    }
+    assert_rate_limited(&stack.get("/v1/workspace", &key).await);
+
+    drop(redis);
+    for _ in 0..20 {
+        let started = Instant::now();
+        let reply = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+        assert_eq!(reply.status, 201, "fail open: {reply:?}");
+        assert!(started.elapsed() < Duration::from_secs(1), "no stall");
+    }
+    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"))
+        .text().await.unwrap_or_default();
+    assert!(metrics.lines().any(|l| l.starts_with("intake_gateway_ratelimit_unavailable") && !l.ends_with(" 0")), "{metrics}");
+    let warnings = stack.logs().matches("rate limiter unavailable").count();
+    assert!((1..=3).contains(&warnings), "warned at most once per interval, got {warnings}");
+
+    // A Redis that accepts connections but never answers: the timeout lets requests through.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| panic!("{e}"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let started = Instant::now();
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn redis_back_after_an_outage_counts_again() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+    let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 3, ..Default::default() }).await;
+    let key = stack.workspace();
+    start_of_a_window(20).await;
+    for _ in 0..6 {
+        assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "Redis not there yet: fail open");
+    }
+    let _redis = start_redis(port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = stack.get("/v1/workspace", &key).await;
+        if reply.status == 429 {
+            assert_rate_limited(&reply);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the limit did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
