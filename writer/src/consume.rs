@@ -16,6 +16,9 @@ use tokio::sync::watch;
 pub struct Settings {
     pub kafka: KafkaArgs,
     pub group_id: String,
+    /// How long applied message ids are remembered; at least the requests topic's retention,
+    /// so that any redelivery or replay from the topic is recognised.
+    pub remember_applied: Duration,
     /// Attempts at a message that fails for a reason retrying cannot cure, before it goes to
     /// the dead-letter topic.
     pub max_attempts: u32,
@@ -38,6 +41,7 @@ pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver
     .create()?;
     consumer.subscribe(&[&settings.kafka.requests_topic])?;
     let producer: FutureProducer = kafka_config(&settings.kafka, &[("acks", "all"), ("linger.ms", "0")]).create()?;
+    tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
     let worker = Worker { pool, producer, settings };
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
 
@@ -115,7 +119,7 @@ impl Worker {
         let mut backoff = Duration::from_millis(50);
         loop {
             let error = match store::apply_chunk(&self.pool, request).await {
-                Ok(results) => return Ok(ChunkOutcome::Applied { results }),
+                Ok(applied) => return Ok(ChunkOutcome::Applied { results: applied.results }),
                 Err(error) => error,
             };
             if store::is_transient(&error) {
@@ -173,6 +177,27 @@ impl Worker {
             pause(backoff, shutdown).await?;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+/// Forgets applied message ids older than `keep`, every few minutes, in small batches.
+async fn prune_applied_messages(pool: PgPool, keep: Duration) {
+    let keep_secs = keep.as_secs_f64();
+    loop {
+        let pruned = sqlx::query(
+            "DELETE FROM applied_messages WHERE correlation_id IN (
+                SELECT correlation_id FROM applied_messages
+                 WHERE applied_at < now() - make_interval(secs => $1) LIMIT 10000)",
+        )
+        .bind(keep_secs)
+        .execute(&pool)
+        .await;
+        match pruned {
+            Ok(done) if done.rows_affected() == 10_000 => continue,
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "pruning applied_messages failed"),
+        }
+        tokio::time::sleep(Duration::from_secs(300)).await;
     }
 }
 

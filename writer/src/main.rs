@@ -6,6 +6,7 @@ mod admin;
 mod consume;
 mod erase;
 mod plan;
+mod replay;
 mod store;
 mod topics;
 
@@ -43,6 +44,9 @@ enum Command {
         /// Attempts at a message failing for a non-transient reason before it is dead-lettered.
         #[arg(long, env = "INTAKE_WRITER_MAX_ATTEMPTS", default_value_t = 3)]
         max_attempts: u32,
+        /// Hours an applied message id is remembered (at least the requests topic's retention).
+        #[arg(long, env = "INTAKE_REMEMBER_APPLIED_HOURS", default_value_t = 168)]
+        remember_applied_hours: u64,
     },
     /// Creates the requests, replies and dead-letter topics (existing ones are left alone).
     Topics {
@@ -67,6 +71,27 @@ enum Command {
     Key {
         #[command(subcommand)]
         command: KeyCommand,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Applies request messages again from a topic (default: the requests topic). Messages
+    /// already applied change nothing. Prints {"messages", "applied", "already_applied", "failed"}.
+    Replay {
+        #[arg(long, requires = "from_offset", conflicts_with = "from_time")]
+        partition: Option<i32>,
+        #[arg(long, requires = "partition")]
+        from_offset: Option<i64>,
+        /// Last offset to replay (inclusive); default: the current end.
+        #[arg(long, requires = "from_offset")]
+        to_offset: Option<i64>,
+        /// RFC 3339 time; every partition from its first message at or after it.
+        #[arg(long, required_unless_present = "partition")]
+        from_time: Option<String>,
+        /// Topic to read; e.g. the dead-letter topic once a failure's cause is fixed.
+        #[arg(long)]
+        topic: Option<String>,
+        #[command(flatten)]
+        kafka: KafkaArgs,
         #[command(flatten)]
         database: DatabaseArgs,
     },
@@ -150,7 +175,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             sqlx::migrate!("../migrations").run(&pool).await?;
             Ok(json!({ "migrated": true }))
         }
-        Command::Run { database, kafka, group_id, max_attempts } => {
+        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours } => {
             let pool = store::connect(&database.url, database.pool_size).await?;
             let (stop, shutdown) = watch::channel(false);
             tokio::spawn(async move {
@@ -158,7 +183,12 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 tracing::info!("shutdown requested; finishing the message in hand");
                 let _ = stop.send(true);
             });
-            consume::run(pool, consume::Settings { kafka, group_id, max_attempts }, shutdown).await?;
+            consume::run(pool, consume::Settings {
+                kafka,
+                group_id,
+                max_attempts,
+                remember_applied: std::time::Duration::from_secs(remember_applied_hours * 3600),
+            }, shutdown).await?;
             Ok(json!({ "stopped": true }))
         }
         Command::Topics { kafka, request_partitions, reply_partitions, replication, retention_ms } => {
@@ -175,6 +205,20 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 WorkspaceCommand::Resume { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await,
                 WorkspaceCommand::Delete { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await,
             }
+        }
+        Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database } => {
+            let pool = store::connect(&database.url, 2).await?;
+            let start = match (partition, from_offset, from_time) {
+                (Some(partition), Some(from), _) => replay::Start::Offsets { partition, from, to: to_offset },
+                (_, _, Some(time)) => {
+                    let at = time::OffsetDateTime::parse(&time, &time::format_description::well_known::Rfc3339)
+                        .map_err(|e| anyhow::anyhow!("--from-time: {e}"))?;
+                    replay::Start::Time { from_ms: i64::try_from(at.unix_timestamp_nanos() / 1_000_000)? }
+                }
+                _ => anyhow::bail!("give --partition with --from-offset, or --from-time"),
+            };
+            let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
+            replay::replay(&pool, &kafka, &topic, start).await
         }
         Command::Erase { workspace, identifier, country, database } => {
             let pool = store::connect(&database.url, 1).await?;

@@ -20,8 +20,14 @@ pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
         .await
 }
 
+pub struct Applied {
+    pub results: Vec<ItemResult>,
+    /// False when the message had been applied before and these are its first results.
+    pub first_time: bool,
+}
+
 /// Applies the chunk, or returns the results it had when it was first applied.
-pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Vec<ItemResult>, sqlx::Error> {
+pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Applied, sqlx::Error> {
     let mut tx = pool.begin().await?;
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
     // rules read, then write, rows of the whole workspace.
@@ -36,7 +42,7 @@ pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Vec<
             .await?;
     if let Some(Json(results)) = applied {
         tx.rollback().await?;
-        return Ok(results);
+        return Ok(Applied { results, first_time: false });
     }
 
     let related = fetch_related(&mut tx, request).await?;
@@ -50,7 +56,7 @@ pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Vec<
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(plan.results)
+    Ok(Applied { results: plan.results, first_time: true })
 }
 
 /// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).

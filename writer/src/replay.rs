@@ -1,0 +1,98 @@
+//! `intake-writer replay`: applies request messages again from a topic, outside the consumer
+//! group, e.g. after a database restore or to re-apply dead-lettered messages once their cause is
+//! fixed. A message that was already applied is recognised by its id and changes nothing.
+
+use crate::store;
+use anyhow::{bail, Context};
+use intake_common::config::KafkaArgs;
+use intake_common::message::WriteRequest;
+use intake_common::service::kafka_config;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::time::Duration;
+
+pub enum Start {
+    /// One partition, from an offset, to an offset (inclusive) or the current end.
+    Offsets { partition: i32, from: i64, to: Option<i64> },
+    /// Every partition, from the first message at or after this time (epoch ms) to the current end.
+    Time { from_ms: i64 },
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start) -> anyhow::Result<Value> {
+    let consumer: BaseConsumer = kafka_config(
+        kafka,
+        &[("group.id", "intake-replay"), ("enable.auto.commit", "false"), ("auto.offset.reset", "earliest")],
+    )
+    .create()?;
+    let ranges = ranges(&consumer, topic, start)?;
+    let (mut applied, mut already, mut failed, mut messages) = (0u64, 0u64, 0u64, 0u64);
+    for (partition, from, to) in ranges {
+        if from > to {
+            continue;
+        }
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        consumer.assign(&assignment)?;
+        let mut next = from;
+        while next <= to {
+            let message = match consumer.poll(TIMEOUT) {
+                Some(message) => message.context("reading the topic")?,
+                None => bail!("no message at {topic}/{partition}@{next} within {TIMEOUT:?}"),
+            };
+            next = message.offset() + 1;
+            messages += 1;
+            match serde_json::from_slice::<WriteRequest>(message.payload().unwrap_or_default()) {
+                Ok(WriteRequest::V1(request)) => match store::apply_chunk(pool, &request).await {
+                    Ok(outcome) if outcome.first_time => applied += 1,
+                    Ok(_) => already += 1,
+                    Err(error) => {
+                        failed += 1;
+                        tracing::error!(%error, partition, offset = message.offset(), "replayed message failed");
+                    }
+                },
+                Err(error) => {
+                    failed += 1;
+                    tracing::error!(%error, partition, offset = message.offset(), "unreadable message");
+                }
+            }
+        }
+    }
+    Ok(json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed }))
+}
+
+/// (partition, first offset, last offset) to replay.
+fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<Vec<(i32, i64, i64)>> {
+    match start {
+        Start::Offsets { partition, from, to } => {
+            let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
+            Ok(vec![(partition, from.max(low), to.unwrap_or(high - 1).min(high - 1))])
+        }
+        Start::Time { from_ms } => {
+            let metadata = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
+            let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
+            if partitions.is_empty() {
+                bail!("no topic {topic}");
+            }
+            let mut query = TopicPartitionList::new();
+            for &partition in &partitions {
+                query.add_partition_offset(topic, partition, Offset::Offset(from_ms))?;
+            }
+            let found = consumer.offsets_for_times(query, TIMEOUT)?;
+            let mut ranges = Vec::new();
+            for &partition in &partitions {
+                let (_, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
+                let from = match found.find_partition(topic, partition).map(|p| p.offset()) {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => high, // nothing at or after that time
+                };
+                ranges.push((partition, from, high - 1));
+            }
+            Ok(ranges)
+        }
+    }
+}
