@@ -10,7 +10,7 @@ build
 create_database intake
 export DATABASE_URL="$(database_url intake)"
 "$BIN/intake-writer" migrate >/dev/null
-"$BIN/intake-writer" topics --request-partitions 8 --reply-partitions 8 >/dev/null
+"$BIN/intake-writer" topics >/dev/null  # partition counts: INTAKE_REQUEST_PARTITIONS, INTAKE_REPLY_PARTITIONS
 
 start_process writer "$BIN/intake-writer" run
 start_process gateway "$BIN/intake-gateway" --listen 127.0.0.1:8080 --ops-listen 127.0.0.1:8081 --reply-partition 0

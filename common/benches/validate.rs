@@ -2,6 +2,7 @@
 //! Run: `cargo bench -p intake-common --bench validate`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use intake_common::normalize;
 use intake_common::validate::validate_conversion;
 use serde_json::json;
 use std::hint::black_box;
@@ -45,6 +46,13 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+
+    // The identifier steps alone, to see where an item's time goes.
+    let mut steps = c.benchmark_group("normalize");
+    steps.bench_function("phone_hash", |b| b.iter(|| normalize::phone_hash(black_box("(415) 555-2671"), Some("US"))));
+    steps.bench_function("email_hash", |b| b.iter(|| normalize::email_hash(black_box(" Person.1@Example.com "))));
+    steps.bench_function("address_hash", |b| b.iter(|| normalize::address_hash(black_box("1 Main St., Apt 4"), "94105-1234", "US")));
+    steps.finish();
 }
 
 criterion_group!(benches, bench);

@@ -8,12 +8,9 @@ use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
 
 pub fn sha256_hex(text: &str) -> Sha256Hex {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(text.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
-        // Writing into a String cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut hex, format_args!("{byte:02x}"));
-    }
+    let hex: String = digest.iter().flat_map(|byte| [HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0x0f)]]).map(char::from).collect();
     Sha256Hex(hex)
 }
 
@@ -31,18 +28,37 @@ pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
 }
 
 /// E.164, parsed with `country` (ISO alpha-2) as the default region, else from a leading `+`.
-/// `None` when it cannot be parsed or is not a valid number for its region. One parse per call.
+/// `None` when it cannot be parsed or is not a possible number for its region. One parse per call.
 pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
     let region = match country {
         Some(code) => Some(code.parse::<phonenumber::country::Id>().ok()?),
         None => None,
     };
     let number = phonenumber::parse(region, raw).ok()?;
-    if !phonenumber::is_valid(&number) {
+    if !is_possible(&number) {
         return None;
     }
     let e164 = number.format().mode(phonenumber::Mode::E164).to_string();
     Some(sha256_hex(&e164))
+}
+
+/// libphonenumber's "possible number" (what DESIGN asks): the national number has a length that
+/// numbers of its calling code have. Written here because the crate exposes only full validity,
+/// which matches every number-type pattern and costs more than the parse itself.
+fn is_possible(number: &phonenumber::PhoneNumber) -> bool {
+    use phonenumber::Type;
+    // The general descriptor often lists no lengths in the crate's metadata: the possible
+    // lengths are those of the number types.
+    const TYPES: [Type; 10] = [Type::Unknown, Type::FixedLine, Type::Mobile, Type::TollFree, Type::PremiumRate,
+        Type::SharedCost, Type::PersonalNumber, Type::Voip, Type::Pager, Type::Uan];
+    let Ok(length) = u16::try_from(number.national().to_string().len()) else {
+        return false;
+    };
+    phonenumber::metadata::DATABASE.by_code(&number.code().value()).is_some_and(|regions| {
+        regions.iter().any(|region| {
+            TYPES.iter().filter_map(|kind| region.descriptors().get(*kind)).any(|d| d.possible_length().contains(&length))
+        })
+    })
 }
 
 /// The result of hashing an address: its hash, and whether the zip can be a postal code of the
@@ -134,6 +150,8 @@ mod tests {
         assert_eq!(phone_hash("12", Some("US")), None, "too short");
         assert_eq!(phone_hash("not a phone", Some("US")), None);
         assert_eq!(phone_hash("4155552671", Some("ZZ")), None, "unknown region");
+        assert_eq!(phone_hash("+1 415 555 26711", None), None, "no US number has 11 digits");
+        assert_eq!(phone_hash("+49 30 1", None), None, "too short for Germany");
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver
             // A group that starts after the gateways have sent requests must not skip them.
             ("auto.offset.reset", "earliest"),
             ("auto.commit.interval.ms", "500"),
+            // A writer that dies without leaving the group holds its partitions until its
+            // session times out: 10 s, not librdkafka's 45 s.
+            ("session.timeout.ms", "10000"),
+            ("heartbeat.interval.ms", "3000"),
         ],
     )
     .create()?;
