@@ -1,5 +1,7 @@
-//! The writer's loop: take a request message, apply it, reply, and only then mark its offset
-//! for commit. Delivery is at least once; `applied_messages` makes a redelivery harmless.
+//! The writer's loop: take the request messages at hand (one, or as many as are waiting, up to
+//! [`MAX_GROUP`]), apply them in order in one transaction, reply to each, and only then mark
+//! their offsets for commit. Delivery is at least once; `applied_messages` makes a redelivery
+//! harmless.
 
 use crate::store;
 use intake_common::config::KafkaArgs;
@@ -12,6 +14,10 @@ use serde::Deserialize;
 use sqlx::PgPool;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// Messages applied in one transaction at most. Under load a group amortizes the commit and the
+/// reply round trip; when idle a group is the one message that arrived.
+const MAX_GROUP: usize = 64;
 
 pub struct Settings {
     pub kafka: KafkaArgs,
@@ -50,22 +56,31 @@ pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
 
     loop {
-        let message = tokio::select! {
+        let first = tokio::select! {
             _ = shutdown.changed() => break,
             message = consumer.recv() => message,
         };
-        match message {
-            Ok(message) => {
-                if worker.handle(&message, &mut shutdown).await.is_err() {
-                    break; // shutting down with the message unfinished: it stays uncommitted
-                }
-                if let Err(error) = consumer.store_offset_from_message(&message) {
-                    tracing::warn!(%error, "could not store offset; the message may be redelivered");
-                }
-            }
+        let mut messages = match first {
+            Ok(message) => vec![message],
             Err(error) => {
                 tracing::warn!(%error, "kafka consume error");
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        // Whatever else is already waiting (a zero timeout polls once).
+        while messages.len() < MAX_GROUP {
+            match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
+                Ok(Ok(message)) => messages.push(message),
+                _ => break,
+            }
+        }
+        if worker.handle_group(&messages, &mut shutdown).await.is_err() {
+            break; // shutting down with messages unfinished: they stay uncommitted
+        }
+        for message in &messages {
+            if let Err(error) = consumer.store_offset_from_message(message) {
+                tracing::warn!(%error, "could not store offset; the message may be redelivered");
             }
         }
     }
@@ -93,22 +108,89 @@ struct Envelope {
 }
 
 impl Worker {
-    async fn handle(&self, message: &BorrowedMessage<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-        let payload = message.payload().unwrap_or_default();
-        match serde_json::from_slice::<WriteRequest>(payload) {
-            Ok(WriteRequest::V1(request)) => {
-                let outcome = self.apply(&request, message, shutdown).await?;
-                self.reply(&request.correlation_id, request.reply_partition, outcome, shutdown).await
-            }
-            Err(error) => {
-                tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");
-                self.dead_letter(message, "unreadable", shutdown).await?;
-                match serde_json::from_slice::<Envelope>(payload) {
-                    Ok(envelope) => self.reply(&envelope.correlation_id, envelope.reply_partition, ChunkOutcome::Failed, shutdown).await,
-                    Err(_) => Ok(()),
+    async fn handle_group(&self, messages: &[BorrowedMessage<'_>], shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let mut readable = Vec::with_capacity(messages.len());
+        for message in messages {
+            let payload = message.payload().unwrap_or_default();
+            match serde_json::from_slice::<WriteRequest>(payload) {
+                Ok(WriteRequest::V1(request)) => readable.push((message, request)),
+                Err(error) => {
+                    tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");
+                    self.dead_letter(message, "unreadable", shutdown).await?;
+                    if let Ok(envelope) = serde_json::from_slice::<Envelope>(payload) {
+                        self.reply(&envelope.correlation_id, envelope.reply_partition, ChunkOutcome::Failed, shutdown).await?;
+                    }
                 }
             }
         }
+        if readable.is_empty() {
+            return Ok(());
+        }
+        let outcomes = match self.apply_together(&readable, shutdown).await? {
+            Some(outcomes) => outcomes,
+            // Something in the group fails for good: apply one by one, so only that one fails.
+            None => {
+                let mut outcomes = Vec::with_capacity(readable.len());
+                for (message, request) in &readable {
+                    outcomes.push(self.apply(request, message, shutdown).await?);
+                }
+                outcomes
+            }
+        };
+        let replies = readable.iter().zip(outcomes).map(|((_, request), outcome)| (request, outcome));
+        self.reply_all(replies.collect(), shutdown).await
+    }
+
+    /// The whole group in one transaction, retried through outages; `None` when it fails for a
+    /// reason retrying cannot cure.
+    async fn apply_together(
+        &self,
+        group: &[(&BorrowedMessage<'_>, WriteRequestV1)],
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Option<Vec<ChunkOutcome>>, Interrupted> {
+        let requests: Vec<&WriteRequestV1> = group.iter().map(|(_, request)| request).collect();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match store::apply_chunks(&self.pool, &requests).await {
+                Ok(applied) => {
+                    return Ok(Some(applied.into_iter().map(|a| ChunkOutcome::Applied { results: a.results }).collect()));
+                }
+                Err(error) if store::is_transient(&error) => {
+                    tracing::warn!(%error, messages = requests.len(), "database unavailable; retrying");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, messages = requests.len(), "group failed; applying its messages one by one");
+                    return Ok(None);
+                }
+            }
+            pause(backoff, shutdown).await?;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Sends every reply at once and waits for the broker to take them all; a reply that fails
+    /// is sent again until it is taken.
+    async fn reply_all(&self, replies: Vec<(&WriteRequestV1, ChunkOutcome)>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let mut deliveries = Vec::with_capacity(replies.len());
+        for (request, outcome) in &replies {
+            let reply = WriteReply::V1(WriteReplyV1 { correlation_id: request.correlation_id.clone(), outcome: outcome.clone() });
+            let payload = serde_json::to_vec(&reply).unwrap_or_default();
+            let record = FutureRecord::to(&self.settings.kafka.replies_topic)
+                .partition(request.reply_partition)
+                .key(&request.correlation_id)
+                .payload(&payload);
+            deliveries.push(self.producer.send_result(record).ok());
+        }
+        for ((request, outcome), delivery) in replies.into_iter().zip(deliveries) {
+            let delivered = match delivery {
+                Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                None => false,
+            };
+            if !delivered {
+                self.reply(&request.correlation_id, request.reply_partition, outcome, shutdown).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Transient failures are retried with backoff for as long as they last; others a bounded

@@ -1,8 +1,8 @@
 //! Applies one chunk in one PostgreSQL transaction with a fixed number of statements, whatever
 //! the chunk's size: lock, look up the message, fetch related rows, then (only where there is
 //! something to do) insert chains, relabel merged chains, upsert conversions, recompute their
-//! visit matches, record the message. At most 10 statements (12 round trips with BEGIN and
-//! COMMIT) for a chunk of 1 or of 100 items.
+//! visit matches, record the message. At most 9 statements for a chunk of 1 or of 100 items,
+//! and the messages a writer has at hand share one transaction (one BEGIN and COMMIT).
 
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use intake_common::message::{ItemResult, WriteRequestV1};
@@ -28,34 +28,49 @@ pub struct Applied {
 
 /// Applies the chunk, or returns the results it had when it was first applied.
 pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Applied, sqlx::Error> {
+    let mut applied = apply_chunks(pool, &[request]).await?;
+    applied.pop().ok_or(sqlx::Error::RowNotFound)
+}
+
+/// Applies several chunks in order in one transaction: one commit (one WAL flush) for all the
+/// messages a writer has at hand. If any fails, none is applied.
+pub async fn apply_chunks(pool: &PgPool, requests: &[&WriteRequestV1]) -> Result<Vec<Applied>, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    let mut applied = Vec::with_capacity(requests.len());
+    for request in requests {
+        applied.push(apply_in(&mut tx, request).await?);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+async fn apply_in(tx: &mut Transaction<'_, Postgres>, request: &WriteRequestV1) -> Result<Applied, sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
-    // rules read, then write, rows of the whole workspace.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(&request.workspace_id)
-        .execute(&mut *tx)
-        .await?;
-    let applied: Option<Json<Vec<ItemResult>>> =
-        sqlx::query_scalar("SELECT results FROM applied_messages WHERE correlation_id = $1")
-            .bind(&request.correlation_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if let Some(Json(results)) = applied {
-        tx.rollback().await?;
+    // rules read, then write, rows of the whole workspace. The look-up of the message id reads
+    // a snapshot from before the lock was granted; a message applied meanwhile by another
+    // writer is still caught, by the primary key of applied_messages at the insert below.
+    let previous: Option<Json<Vec<ItemResult>>> = sqlx::query_scalar(
+        "SELECT (SELECT results FROM applied_messages WHERE correlation_id = $2)
+           FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS locked",
+    )
+    .bind(&request.workspace_id)
+    .bind(&request.correlation_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    if let Some(Json(results)) = previous {
         return Ok(Applied { results, first_time: false });
     }
 
-    let related = fetch_related(&mut tx, request).await?;
+    let related = fetch_related(tx, request).await?;
     let plan = plan::plan_chunk(&request.items, related);
-    write_plan(&mut tx, &request.workspace_id, &plan).await?;
-    match_visits(&mut tx, &request.workspace_id, &plan.writes, request.received_at_ms).await?;
+    write_plan(tx, &request.workspace_id, &plan).await?;
+    match_visits(tx, &request.workspace_id, &plan.writes, request.received_at_ms).await?;
     sqlx::query("INSERT INTO applied_messages (correlation_id, workspace_id, results) VALUES ($1, $2, $3)")
         .bind(&request.correlation_id)
         .bind(&request.workspace_id)
         .bind(Json(&plan.results))
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
-    tx.commit().await?;
     Ok(Applied { results: plan.results, first_time: true })
 }
 
