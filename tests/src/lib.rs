@@ -149,6 +149,13 @@ impl Stack {
         }
     }
 
+    /// Sends SIGTERM to the gateway and returns a handle on its exit.
+    pub fn terminate_gateway(&mut self) -> std::thread::JoinHandle<Option<std::process::ExitStatus>> {
+        let _ = Command::new("kill").args(["-TERM", &self.gateway.id().to_string()]).status();
+        let mut gateway = std::mem::replace(&mut self.gateway, Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")));
+        std::thread::spawn(move || gateway.wait().ok())
+    }
+
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

@@ -32,7 +32,7 @@ async fn schemathesis_finds_no_failure() {
         .args(["--config-file", config, "run", &format!("{}/v1/openapi.json", stack.base_url)])
         .args(["--url", &format!("{}/v1", stack.base_url)])
         .args(["-H", &format!("Authorization: {}", key.bearer())])
-        .args(["--max-examples", &examples, "--workers", "2"])
+        .args(["--max-examples", &examples, "--workers", "1"])
         .current_dir(&stack.log_dir);
     if let Ok(seed) = std::env::var("INTAKE_SCHEMATHESIS_SEED") {
         command.args(["--seed", &seed]);

@@ -53,3 +53,22 @@ async fn a_writer_killed_under_traffic_loses_no_acknowledged_conversion() {
     assert!(acknowledged.is_subset(&stored), "every acknowledged conversion is stored");
     assert_eq!(stored.len(), outcomes.len(), "even the ones answered 500 were applied in the end");
 }
+
+#[tokio::test]
+async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
+    let mut stack = Stack::start_with(StackOptions { start_writer: false, ..Default::default() }).await;
+    let key = stack.workspace();
+    let client = stack.client();
+    let in_flight = {
+        let key = key.clone();
+        tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let exited = stack.terminate_gateway();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.start_writer();
+    let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply.status, 201, "the request in flight at SIGTERM was answered: {reply:?}");
+    let status = tokio::task::spawn_blocking(move || exited.join().ok().flatten()).await.ok().flatten();
+    assert!(status.is_some_and(|s| s.success()), "the gateway exited cleanly: {status:?}");
+}

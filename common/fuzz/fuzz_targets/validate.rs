@@ -1,6 +1,7 @@
 //! The request parser and validator on arbitrary bytes: the body as the gateway reads it,
 //! parsed as JSON, validated as a single conversion and as a batch. Must never panic.
-//! Run from `common/`: `RUSTC_BOOTSTRAP=1 cargo fuzz run validate -- -max_total_time=120`.
+//! Run from `common/`:
+//! `RUSTC_BOOTSTRAP=1 cargo fuzz run validate fuzz/corpus/validate fuzz/seeds/validate -- -max_total_time=180`.
 #![no_main]
 
 use intake_common::validate::{validate_batch_envelope, validate_conversion};
