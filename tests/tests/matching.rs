@@ -93,11 +93,11 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(erased, json!({"conversions": 1, "visits": 2}));
     let db = database().await;
-    let row: (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>) =
-        sqlx::query_as("SELECT visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256, hdyhau FROM conversions WHERE id = $1")
+    let row: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT ARRAY[visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256, hdyhau] FROM conversions WHERE id = $1")
             .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
             .fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(row, (None, None, None, None, None, None, None));
+    assert_eq!(row, vec![None; 7], "visitor, click and contact ids, the three hashes and hdyhau are cleared");
     let (conversions, visits, audits): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM conversions WHERE workspace_id = $1), (SELECT count(*) FROM visits WHERE workspace_id = $1),
                 (SELECT count(*) FROM erasures WHERE workspace_id = $1 AND identifier_kind = 'email')")

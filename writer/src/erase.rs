@@ -44,6 +44,15 @@ impl Identifier {
     }
 }
 
+/// One of the person's conversions and the identifiers it carries (visitor id: its 16 characters).
+#[derive(sqlx::FromRow)]
+struct Person {
+    id: String,
+    visitor_id: Option<String>,
+    click_id: Option<String>,
+    contact_id: Option<String>,
+}
+
 pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
     let (condition, value) = identifier.condition()?;
     let mut tx = pool.begin().await?;
@@ -54,17 +63,18 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
         bail!("no workspace {workspace_id}");
     }
     // The person's conversions, and every visitor, click and contact id they carry.
-    let people: Vec<(String, Option<String>, Option<String>, Option<String>)> = sqlx::query_as(&format!(
-        "SELECT id, left(visitor_id, 16), click_id, contact_id FROM conversions WHERE workspace_id = $1 AND {condition}"
+    let people: Vec<Person> = sqlx::query_as(&format!(
+        "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id
+           FROM conversions WHERE workspace_id = $1 AND {condition}"
     ))
     .bind(workspace_id)
     .bind(&value)
     .fetch_all(&mut *tx)
     .await?;
-    let conversion_ids: Vec<&str> = people.iter().map(|p| p.0.as_str()).collect();
-    let mut visitor_ids: Vec<&str> = people.iter().filter_map(|p| p.1.as_deref()).collect();
-    let click_ids: Vec<&str> = people.iter().filter_map(|p| p.2.as_deref()).collect();
-    let mut contact_ids: Vec<&str> = people.iter().filter_map(|p| p.3.as_deref()).collect();
+    let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
+    let mut visitor_ids: Vec<&str> = people.iter().filter_map(|p| p.visitor_id.as_deref()).collect();
+    let click_ids: Vec<&str> = people.iter().filter_map(|p| p.click_id.as_deref()).collect();
+    let mut contact_ids: Vec<&str> = people.iter().filter_map(|p| p.contact_id.as_deref()).collect();
     let short_visitor: String;
     match &identifier {
         Identifier::VisitorId(id) => {

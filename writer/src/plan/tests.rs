@@ -111,7 +111,7 @@ fn three_stage_journey_split_over_two_chunks_in_every_order() {
     for order in permutations(stages) {
         for split in 0..=order.len() {
             let mut db = Db::default();
-            db.send(&order[..split].to_vec()).len();
+            db.send(&order[..split]);
             if split < order.len() {
                 db.send(&order[split..]);
             }
