@@ -30,5 +30,5 @@ Demo key: $key
 
 curl -sS -X POST http://127.0.0.1:8080/v1/conversions \\
   -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
-  -d '{"event":"lead","external_id":"demo-1","occurred_at":"$(date -u +%Y-%m-%dT%H:%M:%SZ)","email":"ann@example.com","value":"12.50","currency":"EUR"}'
+  -d '{"event":"lead","external_id":"demo-$(date +%s)","occurred_at":"$(date -u +%Y-%m-%dT%H:%M:%SZ)","email":"ann@example.com","value":"12.50","currency":"EUR"}'
 TXT
