@@ -34,6 +34,8 @@ pub struct StackOptions {
     pub conversions_per_minute: u64,
     pub redis_url: Option<String>,
     pub start_writer: bool,
+    /// A database of the stack's own instead of `DATABASE_URL`.
+    pub database_url: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -45,6 +47,7 @@ impl Default for StackOptions {
             conversions_per_minute: 30_000,
             redis_url: None,
             start_writer: true,
+            database_url: None,
         }
     }
 }
@@ -90,7 +93,11 @@ impl Stack {
         stack
     }
 
-    fn topic_env(&self, command: &mut Command) {
+    /// The environment of every process of the stack: its topics, group and database.
+    fn child_env(&self, command: &mut Command) {
+        if let Some(url) = &self.options.database_url {
+            command.env("DATABASE_URL", url);
+        }
         command
             .env("INTAKE_REQUESTS_TOPIC", format!("{}.requests", self.topic_prefix))
             .env("INTAKE_REPLIES_TOPIC", format!("{}.replies", self.topic_prefix))
@@ -108,7 +115,7 @@ impl Stack {
 
     fn spawn_gateway(&self, port: u16, ops_port: u16) -> Child {
         let mut command = Command::new(bin("intake-gateway"));
-        self.topic_env(&mut command);
+        self.child_env(&mut command);
         let options = &self.options;
         command
             .args(["--listen", &format!("127.0.0.1:{port}"), "--ops-listen", &format!("127.0.0.1:{ops_port}")])
@@ -130,7 +137,7 @@ impl Stack {
     /// Starts one more writer in the stack's consumer group.
     pub fn start_writer(&mut self) {
         let mut command = Command::new(bin("intake-writer"));
-        self.topic_env(&mut command);
+        self.child_env(&mut command);
         let child = command
             .arg("run")
             .stdout(self.log_file("writer"))
@@ -172,7 +179,7 @@ impl Stack {
     /// Runs an operator command with this stack's topics and returns its JSON output.
     pub fn run_writer_command(&self, args: &[&str]) -> Result<Value> {
         let mut command = Command::new(bin("intake-writer"));
-        self.topic_env(&mut command);
+        self.child_env(&mut command);
         let output = command.args(args).stdin(Stdio::null()).output().context("running intake-writer")?;
         if !output.status.success() {
             bail!("intake-writer {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));

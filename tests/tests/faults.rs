@@ -3,6 +3,7 @@
 use intake_tests::serde_json::Value;
 use intake_tests::{conversion, database, Stack, StackOptions};
 use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::Duration;
 
 #[tokio::test]
@@ -71,4 +72,107 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
     assert_eq!(reply.status, 201, "the request in flight at SIGTERM was answered: {reply:?}");
     let status = tokio::task::spawn_blocking(move || exited.join().ok().flatten()).await.ok().flatten();
     assert!(status.is_some_and(|s| s.success()), "the gateway exited cleanly: {status:?}");
+}
+
+/// A PostgreSQL server of the test's own, so that stopping it disturbs no other test.
+struct PrivatePostgres {
+    data: std::path::PathBuf,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    fn bin(name: &str) -> std::path::PathBuf {
+        let mut versions: Vec<_> = std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
+        versions.sort();
+        versions.pop().unwrap_or_default().join("bin").join(name)
+    }
+
+    /// Runs a PostgreSQL tool as the postgres user when we are root (PostgreSQL refuses root).
+    fn run(args: &[&str]) -> bool {
+        let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+        let mut command = if is_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]);
+            c
+        } else {
+            Command::new(args[0])
+        };
+        let args = if is_root { args } else { &args[1..] };
+        command.args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success())
+    }
+
+    fn start_new() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+        let data = std::env::temp_dir().join(format!("intake-pg-{}", ulid::Ulid::new()));
+        std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+        let _ = Command::new("chown").args(["postgres:postgres", &data.display().to_string()]).status();
+        let initdb = Self::bin("initdb");
+        assert!(Self::run(&[&initdb.display().to_string(), "-D", &data.display().to_string(), "-U", "postgres", "--auth=trust"]), "initdb");
+        let server = Self { data, port };
+        server.start();
+        server
+    }
+
+    fn start(&self) {
+        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k /tmp -c fsync=off", self.port);
+        let pg_ctl = Self::bin("pg_ctl").display().to_string();
+        assert!(Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-w", "-o", &options, "start"]), "pg_ctl start");
+    }
+
+    fn stop(&self) {
+        let pg_ctl = Self::bin("pg_ctl").display().to_string();
+        Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-m", "immediate", "stop"]);
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+#[tokio::test]
+async fn a_database_outage_delays_writes_and_loses_none() {
+    let postgres = PrivatePostgres::start_new();
+    let options = StackOptions {
+        database_url: Some(postgres.url()),
+        auth_cache_ttl_ms: 120_000, // the key stays known to the gateway while the database is away
+        write_timeout_ms: 2_000,
+        ..Default::default()
+    };
+    let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .arg("migrate").env("DATABASE_URL", postgres.url()).output().unwrap_or_else(|e| panic!("{e}"));
+    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    let stack = Stack::start_with(options).await;
+    let key = stack.workspace();
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+
+    postgres.stop();
+    let mut during = Vec::new();
+    for _ in 0..3 {
+        let input = conversion("lead");
+        let reply = stack.post("/v1/conversions", &key, &input).await;
+        assert_eq!((reply.status, reply.error_code()), (500, "internal_error"), "no writer can commit now");
+        during.push(input["external_id"].as_str().unwrap_or_default().to_owned());
+    }
+    postgres.start();
+
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&postgres.url()).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut stored = 0;
+    for _ in 0..150 {
+        stored = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE external_id = ANY($1)")
+            .bind(&during).fetch_one(&db).await.unwrap_or(0);
+        if stored == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stored, 3, "the writer retried through the outage and applied what was sent during it");
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    assert!(stack.logs().contains("database unavailable; retrying"));
 }
