@@ -173,12 +173,8 @@ impl Worker {
     async fn reply_all(&self, replies: Vec<(&WriteRequestV1, ChunkOutcome)>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
         let mut deliveries = Vec::with_capacity(replies.len());
         for (request, outcome) in &replies {
-            let reply = WriteReply::V1(WriteReplyV1 { correlation_id: request.correlation_id.clone(), outcome: outcome.clone() });
-            let payload = serde_json::to_vec(&reply).unwrap_or_default();
-            let record = FutureRecord::to(&self.settings.kafka.replies_topic)
-                .partition(request.reply_partition)
-                .key(&request.correlation_id)
-                .payload(&payload);
+            let payload = reply_payload(&request.correlation_id, outcome.clone());
+            let record = self.reply_record(&request.correlation_id, request.reply_partition, &payload);
             deliveries.push(self.producer.send_result(record).ok());
         }
         for ((request, outcome), delivery) in replies.into_iter().zip(deliveries) {
@@ -230,10 +226,12 @@ impl Worker {
         outcome: ChunkOutcome,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), Interrupted> {
-        let reply = WriteReply::V1(WriteReplyV1 { correlation_id: correlation_id.to_owned(), outcome });
-        let payload = serde_json::to_vec(&reply).unwrap_or_default();
-        let record = || FutureRecord::to(&self.settings.kafka.replies_topic).partition(partition).key(correlation_id).payload(&payload);
-        self.produce(record, shutdown).await
+        let payload = reply_payload(correlation_id, outcome);
+        self.produce(|| self.reply_record(correlation_id, partition, &payload), shutdown).await
+    }
+
+    fn reply_record<'a>(&'a self, correlation_id: &'a str, partition: i32, payload: &'a [u8]) -> FutureRecord<'a, str, [u8]> {
+        FutureRecord::to(&self.settings.kafka.replies_topic).partition(partition).key(correlation_id).payload(payload)
     }
 
     async fn dead_letter(&self, message: &BorrowedMessage<'_>, reason: &str, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
@@ -285,6 +283,11 @@ async fn prune_applied_messages(pool: PgPool, keep: Duration) {
         }
         tokio::time::sleep(Duration::from_secs(300)).await;
     }
+}
+
+fn reply_payload(correlation_id: &str, outcome: ChunkOutcome) -> Vec<u8> {
+    let reply = WriteReply::V1(WriteReplyV1 { correlation_id: correlation_id.to_owned(), outcome });
+    serde_json::to_vec(&reply).unwrap_or_default()
 }
 
 async fn pause(duration: Duration, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
