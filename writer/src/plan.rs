@@ -60,22 +60,37 @@ pub struct StoredConversion {
     pub fields: Fields,
 }
 
+/// A row the chunk creates or changes, with its final chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub row: StoredConversion,
+    /// When the gateway received the last send that changed the row (the 90-day matching rule).
+    pub received_at_ms: i64,
+}
+
 #[derive(Debug, Default)]
 pub struct Plan {
     /// One per item, in input order.
     pub results: Vec<ItemResult>,
-    /// Rows created or changed by the chunk, with their final chain.
-    pub writes: Vec<StoredConversion>,
+    pub writes: Vec<Write>,
     /// Chains this chunk starts (some may already be merged into an older one by its end).
     pub new_chains: Vec<String>,
     /// (merged chain, chain it went into): every stored row of the first is relabelled.
     pub merges: Vec<(String, String)>,
 }
 
-/// `stored` holds every stored conversion of the workspace whose (event, external_id) is an
-/// item's, whose external_id is an item's parent_external_id, or whose parent_external_id is an
-/// item's external_id.
-pub fn plan_chunk(items: &[Conversion], stored: Vec<StoredConversion>) -> Plan {
+/// One item to apply, and when the gateway received it.
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'a> {
+    pub conversion: &'a Conversion,
+    pub received_at_ms: i64,
+}
+
+/// The items of one workspace, in the order they are applied (the chunks of several messages
+/// may follow one another). `stored` holds every stored conversion of the workspace whose
+/// (event, external_id) is an item's, whose external_id is an item's parent_external_id, or
+/// whose parent_external_id is an item's external_id.
+pub fn plan_chunk(items: &[Item<'_>], stored: Vec<StoredConversion>) -> Plan {
     let mut state = ChunkState::new(stored);
     let results = items.iter().map(|item| state.apply(item)).collect();
     state.finish(results)
@@ -86,7 +101,8 @@ struct ChunkState {
     by_pair: HashMap<(String, String), usize>,
     by_external_id: HashMap<String, Vec<usize>>,
     by_parent: HashMap<String, Vec<usize>>,
-    changed: BTreeSet<usize>,
+    /// Rows created or changed, with when their last change was received.
+    changed: BTreeMap<usize, i64>,
     chains: Chains,
     new_chains: Vec<String>,
 }
@@ -98,7 +114,7 @@ impl ChunkState {
             by_pair: HashMap::new(),
             by_external_id: HashMap::new(),
             by_parent: HashMap::new(),
-            changed: BTreeSet::new(),
+            changed: BTreeMap::new(),
             chains: Chains::default(),
             new_chains: Vec::new(),
         };
@@ -120,7 +136,7 @@ impl ChunkState {
         index
     }
 
-    fn apply(&mut self, item: &Conversion) -> ItemResult {
+    fn apply(&mut self, Item { conversion: item, received_at_ms }: &Item<'_>) -> ItemResult {
         let pair = (item.event.as_str().to_owned(), item.external_id.as_str().to_owned());
         let (index, result) = match self.by_pair.get(&pair).copied() {
             Some(index) => {
@@ -129,6 +145,7 @@ impl ChunkState {
                     (index, WriteResult::Unchanged)
                 } else {
                     self.set_fields(index, merged);
+                    self.changed.insert(index, *received_at_ms);
                     (index, WriteResult::Updated)
                 }
             }
@@ -141,7 +158,7 @@ impl ChunkState {
                     fields: Fields::default().merged_with(item),
                 };
                 let index = self.insert(row);
-                self.changed.insert(index);
+                self.changed.insert(index, *received_at_ms);
                 (index, WriteResult::Created)
             }
         };
@@ -167,7 +184,6 @@ impl ChunkState {
             }
         }
         self.rows[index].fields = fields;
-        self.changed.insert(index);
     }
 
     /// Joins the row to the chains of its stored parents and children, merging them all into
@@ -206,10 +222,10 @@ impl ChunkState {
         let writes = self
             .changed
             .iter()
-            .map(|&index| {
+            .map(|(&index, &received_at_ms)| {
                 let mut row = self.rows[index].clone();
                 row.chain_id = self.chains.find(&row.chain_id);
-                row
+                Write { row, received_at_ms }
             })
             .collect();
         Plan { results, writes, new_chains: self.new_chains, merges: self.chains.merges() }

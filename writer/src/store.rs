@@ -1,15 +1,16 @@
-//! Applies one chunk in one PostgreSQL transaction with a fixed number of statements, whatever
-//! the chunk's size: lock, look up the message, fetch related rows, then (only where there is
-//! something to do) insert chains, relabel merged chains, upsert conversions, recompute their
-//! visit matches, record the message. At most 9 statements for a chunk of 1 or of 100 items,
-//! and the messages a writer has at hand share one transaction (one BEGIN and COMMIT).
+//! Applies chunks to PostgreSQL with a fixed number of statements per workspace, whatever the
+//! number of chunks and items: lock and look up the message ids, fetch the related rows, then
+//! (only where there is something to do) insert chains, relabel merged chains, upsert the
+//! conversions, recompute their visit matches, and record the message ids. The messages a writer
+//! has at hand share one transaction; the chunks of one workspace among them are planned as one
+//! run of items, in order, so 16 single sends cost the statements of one.
 
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use intake_common::message::{ItemResult, WriteRequestV1};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{Postgres, Row, Transaction};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
@@ -33,55 +34,102 @@ pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Appl
 }
 
 /// Applies several chunks in order in one transaction: one commit (one WAL flush) for all the
-/// messages a writer has at hand. If any fails, none is applied.
+/// messages a writer has at hand. If any fails, none is applied. Returns one outcome per
+/// request, in order.
 pub async fn apply_chunks(pool: &PgPool, requests: &[&WriteRequestV1]) -> Result<Vec<Applied>, sqlx::Error> {
+    // Workspaces are independent; locking them in id order keeps two writers that briefly hold
+    // the same messages (a rebalance) from deadlocking. Within one, requests keep their order.
+    let mut workspaces: Vec<&str> = requests.iter().map(|r| r.workspace_id.as_str()).collect();
+    workspaces.sort_unstable();
+    workspaces.dedup();
     let mut tx = pool.begin().await?;
-    let mut applied = Vec::with_capacity(requests.len());
-    for request in requests {
-        applied.push(apply_in(&mut tx, request).await?);
+    let mut applied: Vec<Option<Applied>> = requests.iter().map(|_| None).collect();
+    for workspace_id in workspaces {
+        let positions: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].workspace_id == workspace_id).collect();
+        let own: Vec<&WriteRequestV1> = positions.iter().map(|&i| requests[i]).collect();
+        for (position, outcome) in positions.into_iter().zip(apply_workspace(&mut tx, workspace_id, &own).await?) {
+            applied[position] = Some(outcome);
+        }
     }
     tx.commit().await?;
-    Ok(applied)
+    applied.into_iter().map(|a| a.ok_or(sqlx::Error::RowNotFound)).collect()
 }
 
-async fn apply_in(tx: &mut Transaction<'_, Postgres>, request: &WriteRequestV1) -> Result<Applied, sqlx::Error> {
+/// A message id already applied and its results; both null when none of the ids is (the row of
+/// the lock alone).
+type LookedUp = (Option<String>, Option<Json<Vec<ItemResult>>>);
+
+/// One workspace's requests, in order.
+async fn apply_workspace(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace_id: &str,
+    requests: &[&WriteRequestV1],
+) -> Result<Vec<Applied>, sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
-    // rules read, then write, rows of the whole workspace. The look-up of the message id reads
+    // rules read, then write, rows of the whole workspace. The look-up of the message ids reads
     // a snapshot from before the lock was granted; a message applied meanwhile by another
     // writer is still caught, by the primary key of applied_messages at the insert below.
-    let previous: Option<Json<Vec<ItemResult>>> = sqlx::query_scalar(
-        "SELECT (SELECT results FROM applied_messages WHERE correlation_id = $2)
-           FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS locked",
+    let ids: Vec<&str> = requests.iter().map(|r| r.correlation_id.as_str()).collect();
+    let previous: Vec<LookedUp> = sqlx::query_as(
+        "SELECT m.correlation_id, m.results
+           FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS locked
+           LEFT JOIN applied_messages m ON m.correlation_id = ANY($2)",
     )
-    .bind(&request.workspace_id)
-    .bind(&request.correlation_id)
-    .fetch_one(&mut **tx)
+    .bind(workspace_id)
+    .bind(&ids)
+    .fetch_all(&mut **tx)
     .await?;
-    if let Some(Json(results)) = previous {
-        return Ok(Applied { results, first_time: false });
-    }
+    let mut previous: HashMap<String, Vec<ItemResult>> =
+        previous.into_iter().filter_map(|(id, results)| Some((id?, results?.0))).collect();
 
-    let related = fetch_related(tx, request).await?;
-    let plan = plan::plan_chunk(&request.items, related);
-    write_plan(tx, &request.workspace_id, &plan).await?;
-    match_visits(tx, &request.workspace_id, &plan.writes, request.received_at_ms).await?;
-    sqlx::query("INSERT INTO applied_messages (correlation_id, workspace_id, results) VALUES ($1, $2, $3)")
-        .bind(&request.correlation_id)
-        .bind(&request.workspace_id)
-        .bind(Json(&plan.results))
+    let fresh: Vec<&WriteRequestV1> = requests.iter().copied().filter(|r| !previous.contains_key(&r.correlation_id)).collect();
+    let mut fresh_results = HashMap::new();
+    if !fresh.is_empty() {
+        let items: Vec<plan::Item<'_>> = fresh
+            .iter()
+            .flat_map(|r| r.items.iter().map(|conversion| plan::Item { conversion, received_at_ms: r.received_at_ms }))
+            .collect();
+        let related = fetch_related(tx, workspace_id, &items).await?;
+        let plan = plan::plan_chunk(&items, related);
+        write_plan(tx, workspace_id, &plan).await?;
+        match_visits(tx, workspace_id, &plan.writes).await?;
+        let mut results = plan.results.into_iter();
+        for request in &fresh {
+            let own: Vec<ItemResult> = results.by_ref().take(request.items.len()).collect();
+            fresh_results.insert(request.correlation_id.as_str(), own);
+        }
+        let texts: Vec<String> = fresh
+            .iter()
+            .map(|r| serde_json::to_string(&fresh_results[r.correlation_id.as_str()]).unwrap_or_else(|_| "[]".to_owned()))
+            .collect();
+        sqlx::query(
+            "INSERT INTO applied_messages (correlation_id, workspace_id, results)
+             SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results)",
+        )
+        .bind(workspace_id)
+        .bind(fresh.iter().map(|r| r.correlation_id.as_str()).collect::<Vec<_>>())
+        .bind(&texts)
         .execute(&mut **tx)
         .await?;
-    Ok(Applied { results: plan.results, first_time: true })
+    }
+    Ok(requests
+        .iter()
+        .map(|r| match previous.remove(&r.correlation_id) {
+            Some(results) => Applied { results, first_time: false },
+            None => Applied { results: fresh_results.remove(r.correlation_id.as_str()).unwrap_or_default(), first_time: true },
+        })
+        .collect())
 }
 
 /// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).
 async fn fetch_related(
     tx: &mut Transaction<'_, Postgres>,
-    request: &WriteRequestV1,
+    workspace_id: &str,
+    items: &[plan::Item<'_>],
 ) -> Result<Vec<StoredConversion>, sqlx::Error> {
-    let external_ids: Vec<&str> = request.items.iter().map(|item| item.external_id.as_str()).collect();
+    let external_ids: Vec<&str> = items.iter().map(|item| item.conversion.external_id.as_str()).collect();
     let mut ids_and_parents = external_ids.clone();
-    ids_and_parents.extend(request.items.iter().filter_map(|item| item.parent_external_id.as_ref().map(|p| p.as_str())));
+    ids_and_parents.extend(items.iter().filter_map(|item| item.conversion.parent_external_id.as_ref().map(|p| p.as_str())));
     let rows = sqlx::query(
         "SELECT id, event, external_id, chain_id, parent_external_id,
                 (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
@@ -90,7 +138,7 @@ async fn fetch_related(
            FROM conversions
           WHERE workspace_id = $1 AND (external_id = ANY($2) OR parent_external_id = ANY($3))",
     )
-    .bind(&request.workspace_id)
+    .bind(workspace_id)
     .bind(&ids_and_parents)
     .bind(&external_ids)
     .fetch_all(&mut **tx)
@@ -155,7 +203,8 @@ async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan
         .await?;
     }
     if !plan.writes.is_empty() {
-        upsert_conversions(tx, workspace_id, &plan.writes).await?;
+        let rows: Vec<&StoredConversion> = plan.writes.iter().map(|write| &write.row).collect();
+        upsert_conversions(tx, workspace_id, &rows).await?;
     }
     Ok(())
 }
@@ -163,10 +212,10 @@ async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan
 async fn upsert_conversions(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
-    rows: &[StoredConversion],
+    rows: &[&StoredConversion],
 ) -> Result<(), sqlx::Error> {
-    fn column<'a, T>(rows: &'a [StoredConversion], f: impl Fn(&'a StoredConversion) -> T) -> Vec<T> {
-        rows.iter().map(f).collect()
+    fn column<'a, T>(rows: &[&'a StoredConversion], f: impl Fn(&'a StoredConversion) -> T) -> Vec<T> {
+        rows.iter().map(|row| f(row)).collect()
     }
     let tags: Vec<Option<String>> = column(rows, |r| {
         r.fields.tags.as_ref().map(|tags| serde_json::to_string(tags).unwrap_or_else(|_| "{}".to_owned()))
@@ -222,20 +271,16 @@ const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 /// Recomputes the visit matches of the written conversions: by the 16-character visitor id,
 /// by click id, and by contact id against the visit's recipient id; visits at or before
 /// `occurred_at` and within 90 days of it. Two statements per chunk.
-async fn match_visits(
-    tx: &mut Transaction<'_, Postgres>,
-    workspace_id: &str,
-    rows: &[StoredConversion],
-    received_at_ms: i64,
-) -> Result<(), sqlx::Error> {
-    if rows.is_empty() {
+async fn match_visits(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, writes: &[plan::Write]) -> Result<(), sqlx::Error> {
+    if writes.is_empty() {
         return Ok(());
     }
-    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    let ids: Vec<&str> = writes.iter().map(|w| w.row.id.as_str()).collect();
     sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)").bind(&ids).execute(&mut **tx).await?;
-    let matchable: Vec<&StoredConversion> = rows
+    let matchable: Vec<&StoredConversion> = writes
         .iter()
-        .filter(|r| r.fields.occurred_at_ms >= received_at_ms - MATCH_WINDOW_MS)
+        .filter(|w| w.row.fields.occurred_at_ms >= w.received_at_ms - MATCH_WINDOW_MS)
+        .map(|w| &w.row)
         .filter(|r| r.fields.visitor_id.is_some() || r.fields.click_id.is_some() || r.fields.contact_id.is_some())
         .collect();
     if matchable.is_empty() {

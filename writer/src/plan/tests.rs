@@ -28,13 +28,14 @@ impl Db {
             })
             .cloned()
             .collect();
+        let items: Vec<Item<'_>> = items.iter().map(|conversion| Item { conversion, received_at_ms: NOW_MS }).collect();
         let plan = plan_chunk(&items, related);
         for (merged, into) in &plan.merges {
             for row in self.rows.iter_mut().filter(|row| &row.chain_id == merged) {
                 row.chain_id = into.clone();
             }
         }
-        for write in plan.writes {
+        for Write { row: write, .. } in plan.writes {
             match self.rows.iter_mut().find(|row| row.event == write.event && row.external_id == write.external_id) {
                 Some(row) => *row = write,
                 None => self.rows.push(write),
