@@ -1,5 +1,6 @@
-# Shared by up.sh, down.sh and test.sh: settings, installing what is missing, and starting the
-# infrastructure (PostgreSQL, Redis, Tansu) on loopback. Every function is safe to run twice.
+# Shared by up.sh, down.sh, test.sh and the benchmarks: settings, installing what is missing,
+# and starting the infrastructure (PostgreSQL, Redis, Apache Kafka) on loopback. Every function
+# is safe to run twice: it starts again only what is down.
 # shellcheck shell=bash
 
 set -euo pipefail
@@ -12,14 +13,16 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$INTAKE_CACHE/target}"
 
 PG_PORT="${INTAKE_PG_PORT:-55432}"
 REDIS_PORT="${INTAKE_REDIS_PORT:-56379}"
-KAFKA_PORT="${INTAKE_KAFKA_PORT:-9092}"
-TANSU_VERSION="0.6.0"
-TANSU_BIN="$INTAKE_CACHE/tools/bin/tansu"
+KAFKA_PORT="${INTAKE_KAFKA_PORT:-59092}"
+KAFKA_CONTROLLER_PORT="${INTAKE_KAFKA_CONTROLLER_PORT:-59093}"
+# The newest 4.x on Maven Central when this was written (4.4.0, 2026): KRaft only, and the
+# protocol floor of KIP-896 that librdkafka 2.12 (bundled by rdkafka 0.39) speaks.
+KAFKA_VERSION="${INTAKE_KAFKA_VERSION:-4.4.0}"
+KAFKA_LIBS="$INTAKE_CACHE/kafka-$KAFKA_VERSION/libs"
+# Bounded heap: the whole machine has 2 cores and is shared with everything else.
+KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms128m -Xmx512m}"
 
 export INTAKE_KAFKA_BROKERS="${INTAKE_KAFKA_BROKERS:-127.0.0.1:$KAFKA_PORT}"
-# Tansu does not wake a waiting fetch when a message arrives, so every hop costs up to
-# fetch.wait.max.ms: keep it short here. Apache Kafka needs none of this.
-export INTAKE_KAFKA_OPTIONS="${INTAKE_KAFKA_OPTIONS:-fetch.wait.max.ms=2,socket.nagle.disable=true}"
 export INTAKE_REDIS_URL="${INTAKE_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
 
 LOGS="$INTAKE_HOME/logs"
@@ -40,6 +43,8 @@ install_packages() {
     command -v python3 >/dev/null || missing+=(python3)
     [ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
     command -v curl >/dev/null || missing+=(curl)
+    command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+    command -v mvn >/dev/null || missing+=(maven)
     if [ "${#missing[@]}" -gt 0 ]; then
         say "installing ${missing[*]}"
         as_root apt-get update -qq
@@ -61,13 +66,17 @@ pg_bin() {
 # PostgreSQL refuses to run as root; run it as the postgres user when we are root.
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
-install_tansu() {
-    if [ ! -x "$TANSU_BIN" ]; then
-        say "building the Tansu broker $TANSU_VERSION once (about 12 minutes on 2 cores)"
-        cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked \
-            --root "$INTAKE_CACHE/tools" >"$LOGS/tansu-build.log" 2>&1 \
-            || { tail -n 30 "$LOGS/tansu-build.log"; return 1; }
-    fi
+# Apache Kafka's own jars from Maven Central (deploy/kafka/pom.xml), once per version.
+install_kafka() {
+    [ -f "$KAFKA_LIBS/.complete" ] && return
+    say "fetching Apache Kafka $KAFKA_VERSION from Maven Central (once; about 45 MB)"
+    rm -rf "$KAFKA_LIBS"
+    mvn -B -q -f "$REPO/deploy/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+        -Dmaven.repo.local="$INTAKE_CACHE/m2" \
+        org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS" >"$LOGS/kafka-install.log" 2>&1 \
+        || { tail -n 30 "$LOGS/kafka-install.log"; return 1; }
+    touch "$KAFKA_LIBS/.complete"
 }
 
 start_postgres() {
@@ -83,6 +92,8 @@ start_postgres() {
     say "starting PostgreSQL on 127.0.0.1:$PG_PORT"
     as_postgres "$(pg_bin pg_ctl)" -D "$data" -l "$LOGS/postgres.log" -w \
         -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300" start >/dev/null
+    # Beside the others, so that every process of the stack has its pid in $RUN.
+    head -n 1 "$data/postmaster.pid" >"$RUN/postgres.pid"
 }
 
 # Creates database $1 if missing.
@@ -103,14 +114,110 @@ start_redis() {
     wait_for "Redis" 10 redis-cli -p "$REDIS_PORT" ping
 }
 
-start_tansu() {
-    if port_open "$KAFKA_PORT"; then return; fi
-    say "starting Tansu on 127.0.0.1:$KAFKA_PORT"
-    start_process tansu "$TANSU_BIN" broker \
-        --storage-engine "memory://tansu/" \
-        --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-        --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT"
-    wait_for "Tansu" 30 port_open "$KAFKA_PORT"
+# kafka_node NAME NODE_ID PORT CONTROLLER_PORT QUORUM DIR: one KRaft node (broker and
+# controller in one process) on 127.0.0.1, its data in DIR/data (kept across restarts), its
+# log in $LOGS/NAME.log and its pid in $RUN/NAME.pid. QUORUM is "standalone" for a single node,
+# or the static voters "1@127.0.0.1:C1,2@...". Returns once the node says it started.
+kafka_node() {
+    local name="$1" node_id="$2" port="$3" controller_port="$4" quorum="$5" dir="$6"
+    local replication=1 min_isr=1
+    [ "$quorum" = standalone ] || { replication=3; min_isr=2; }
+    if port_open "$port"; then return; fi
+    mkdir -p "$dir/data"
+    {
+        echo "process.roles=broker,controller"
+        echo "node.id=$node_id"
+        if [ "$quorum" = standalone ]; then
+            echo "controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
+        else
+            echo "controller.quorum.voters=$quorum"
+        fi
+        echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port"
+        echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port"
+        echo "inter.broker.listener.name=PLAINTEXT"
+        echo "controller.listener.names=CONTROLLER"
+        echo "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        echo "log.dirs=$dir/data"
+        # Topics are created by intake-writer topics: a misspelt topic is an error, not a new topic.
+        echo "auto.create.topics.enable=false"
+        echo "offsets.topic.replication.factor=$replication"
+        echo "offsets.topic.min.isr=$min_isr"
+        # The default 50 partitions make the first group join slow on 2 cores.
+        echo "offsets.topic.num.partitions=1"
+        echo "transaction.state.log.replication.factor=$replication"
+        echo "transaction.state.log.min.isr=$min_isr"
+        echo "share.coordinator.state.topic.replication.factor=$replication"
+        echo "share.coordinator.state.topic.min.isr=$min_isr"
+        # A writer that joins alone need not wait 3 s for others.
+        echo "group.initial.rebalance.delay.ms=0"
+        echo "num.network.threads=2"
+        echo "num.io.threads=2"
+    } >"$dir/server.properties"
+    cat >"$dir/log4j2.properties" <<'LOG4J'
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+LOG4J
+    if [ ! -f "$dir/data/meta.properties" ]; then
+        local format=(--ignore-formatted -c "$dir/server.properties")
+        [ "$quorum" = standalone ] && format+=(--standalone)
+        [ -f "$dir/cluster-id" ] || java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid >"$dir/cluster-id"
+        java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool format -t "$(cat "$dir/cluster-id")" "${format[@]}" \
+            >>"$LOGS/$name.log" 2>&1
+    fi
+    local log_lines=0 pid
+    [ -f "$LOGS/$name.log" ] && log_lines="$(wc -l <"$LOGS/$name.log")"
+    say "starting Kafka $KAFKA_VERSION node $name on 127.0.0.1:$port"
+    # shellcheck disable=SC2086
+    start_process "$name" java $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+        -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
+    pid="$(cat "$RUN/$name.pid")"
+    for _ in $(seq 900); do
+        if tail -n +"$((log_lines + 1))" "$LOGS/$name.log" | grep -q "Kafka Server started"; then return 0; fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            say "Kafka node $name exited; the end of $LOGS/$name.log:"
+            tail -n 20 "$LOGS/$name.log" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    say "Kafka node $name did not start in 90 s (see $LOGS/$name.log)"
+    return 1
+}
+
+# The one broker of the quick start and the tests.
+start_kafka() {
+    kafka_node kafka 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" standalone "$INTAKE_HOME/kafka"
+}
+
+# start_kafka_cluster DIR BASE_PORT: three KRaft nodes on loopback (ports BASE_PORT+0..2, their
+# controllers on BASE_PORT+10..12), data in DIR/kafka-N, pids $RUN/kafka-N.pid with RUN=DIR/run.
+# Internal topics at replication 3 with min.insync.replicas 2. Prints the bootstrap list.
+start_kafka_cluster() {
+    local dir="$1" base="$2" voters="" node pids=()
+    local RUN="$dir/run" LOGS="$dir/logs"
+    mkdir -p "$RUN" "$LOGS"
+    for node in 1 2 3; do voters+="${voters:+,}$node@127.0.0.1:$((base + 9 + node))"; done
+    # The three must be formatted with one cluster id.
+    [ -f "$dir/cluster-id" ] || java -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid >"$dir/cluster-id"
+    for node in 1 2 3; do
+        mkdir -p "$dir/kafka-$node"
+        cp "$dir/cluster-id" "$dir/kafka-$node/cluster-id"
+        # Started in the background: a node of a static quorum waits for the others' votes.
+        kafka_node "kafka-$node" "$node" "$((base + node - 1))" "$((base + 9 + node))" "$voters" "$dir/kafka-$node" &
+        pids+=($!)
+    done
+    for node in "${pids[@]}"; do wait "$node"; done
+    echo "127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -151,10 +258,10 @@ stop_process() {
 
 start_infrastructure() {
     install_packages
-    install_tansu
+    install_kafka
     start_postgres
     start_redis
-    start_tansu
+    start_kafka
 }
 
 build() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, command 2: runs the whole test suite. Starts the infrastructure it needs
-# (the same PostgreSQL, Redis and Tansu as up.sh, with a database of its own); each end-to-end
+# (the same PostgreSQL, Redis and Kafka as up.sh, with a database of its own); each end-to-end
 # test starts its own gateway and writer on topics of its own.
 source "$(dirname "$0")/lib.sh"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Quick start, command 1: installs what is missing, starts PostgreSQL, Redis and Tansu on
+# Quick start, command 1: installs what is missing, starts PostgreSQL, Redis and Apache Kafka on
 # loopback, migrates, creates the topics, starts one gateway and one writer, creates a demo
-# workspace and key, and prints a curl command. Running it again is harmless.
+# workspace and key, and prints a curl command. Running it again is harmless, and starts again
+# whatever is down (pid files in .intake/run/).
 source "$(dirname "$0")/lib.sh"
 
 start_infrastructure

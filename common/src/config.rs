@@ -17,8 +17,9 @@ pub struct KafkaArgs {
     /// Bootstrap brokers, comma-separated host:port.
     #[arg(long = "kafka-brokers", env = "INTAKE_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
-    /// Extra librdkafka properties as key=value, comma-separated or repeated. Broker-specific
-    /// tuning lives here (for Tansu, which does not wake long polls: fetch.wait.max.ms=5).
+    /// Extra librdkafka properties as key=value, comma-separated or repeated; they override the
+    /// defaults of common/src/kafka.rs. Security and broker-specific tuning go here
+    /// (security.protocol=SASL_SSL,sasl.mechanism=SCRAM-SHA-512,...).
     #[arg(long = "kafka-option", env = "INTAKE_KAFKA_OPTIONS", value_delimiter = ',', value_parser = parse_key_value)]
     pub options: Vec<(String, String)>,
     /// Topic of write requests, keyed by workspace id.

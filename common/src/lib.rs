@@ -6,13 +6,16 @@
 //! - [`normalize`]: email, phone and address normalization and SHA-256 hashing.
 //! - [`message`]: the versioned messages between gateway and writer over Kafka.
 //! - [`ids`]: prefixed, sortable ids.
-//! - [`service`]: Kafka client settings and the shutdown signal (feature `service`).
+//! - [`kafka`]: every Kafka client setting of both programs (feature `service`).
+//! - [`service`]: the shutdown signal (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
 
 pub mod config;
 pub mod conversion;
 pub mod error;
 pub mod ids;
+#[cfg(feature = "service")]
+pub mod kafka;
 pub mod message;
 pub mod normalize;
 #[cfg(feature = "service")]

@@ -1,20 +1,4 @@
-//! What both services need at run time: the Kafka client settings and the shutdown signal.
-
-use crate::config::KafkaArgs;
-
-/// A librdkafka configuration with the program's defaults, then the operator's options, so
-/// that an option given in configuration overrides a default.
-pub fn kafka_config(args: &KafkaArgs, defaults: &[(&str, &str)]) -> rdkafka::ClientConfig {
-    let mut config = rdkafka::ClientConfig::new();
-    config.set("bootstrap.servers", &args.brokers);
-    for (key, value) in defaults {
-        config.set(*key, *value);
-    }
-    for (key, value) in &args.options {
-        config.set(key, value);
-    }
-    config
-}
+//! What both services need at run time besides Kafka: the shutdown signal.
 
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {

@@ -7,7 +7,7 @@ use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::conversion::Conversion;
 use intake_common::ids;
 use intake_common::message::{ChunkOutcome, ItemResult, WriteReply, WriteRequest, WriteRequestV1};
-use intake_common::service::kafka_config;
+use intake_common::kafka;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -42,20 +42,11 @@ impl WriteClient {
     /// Connects and starts reading replies from the current end of the reply partition, so
     /// that a reply to any request sent after this returns is seen.
     pub async fn start(kafka: &KafkaArgs, reply_partition: i32, timeout: Duration) -> anyhow::Result<Arc<Self>> {
-        let producer: FutureProducer =
-            kafka_config(kafka, &[("acks", "all"), ("linger.ms", "0"), ("message.timeout.ms", "10000")]).create()?;
-        let consumer: StreamConsumer = kafka_config(
-            kafka,
-            &[("group.id", "intake-gateway-replies"), ("enable.auto.commit", "false"), ("enable.auto.offset.store", "false")],
-        )
-        .create()?;
+        let producer: FutureProducer = kafka::request_producer(kafka, timeout).create()?;
+        let consumer: StreamConsumer = kafka::reply_reader(kafka).create()?;
         let consumer = Arc::new(consumer);
         let topic = kafka.replies_topic.clone();
-        let (_, high) = {
-            let (consumer, topic) = (consumer.clone(), topic.clone());
-            tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&topic, reply_partition, Duration::from_secs(10)))
-                .await??
-        };
+        let high = reply_partition_end(&consumer, &topic, reply_partition).await;
         let mut assignment = TopicPartitionList::new();
         assignment.add_partition_offset(&topic, reply_partition, Offset::Offset(high))?;
         consumer.assign(&assignment)?;
@@ -110,6 +101,24 @@ impl WriteClient {
     /// Requests waiting for a reply now.
     pub fn in_flight(&self) -> usize {
         self.pending.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+/// The current end of the reply partition; waits (and says so) while Kafka cannot be reached or
+/// does not know the partition yet, instead of exiting into a crash loop.
+async fn reply_partition_end(consumer: &Arc<StreamConsumer>, topic: &str, partition: i32) -> i64 {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let (consumer, owned_topic) = (consumer.clone(), topic.to_owned());
+        let fetched =
+            tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&owned_topic, partition, Duration::from_secs(5))).await;
+        match fetched {
+            Ok(Ok((_, high))) => return high,
+            Ok(Err(error)) => tracing::warn!(%error, topic, partition, "cannot read the reply partition yet; retrying"),
+            Err(error) => tracing::warn!(%error, "watermark task failed; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 

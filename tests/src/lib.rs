@@ -36,6 +36,13 @@ pub struct StackOptions {
     pub start_writer: bool,
     /// A database of the stack's own instead of `DATABASE_URL`.
     pub database_url: Option<String>,
+    /// Brokers of the stack's own (a [`KafkaCluster`]) instead of `INTAKE_KAFKA_BROKERS`.
+    pub kafka_brokers: Option<String>,
+    /// Replication of the stack's topics (3 on a [`KafkaCluster`]).
+    pub replication: u32,
+    pub request_partitions: u32,
+    /// Writers started with the stack (when `start_writer`).
+    pub writers: usize,
 }
 
 impl Default for StackOptions {
@@ -48,6 +55,10 @@ impl Default for StackOptions {
             redis_url: None,
             start_writer: true,
             database_url: None,
+            kafka_brokers: None,
+            replication: 1,
+            request_partitions: 4,
+            writers: 1,
         }
     }
 }
@@ -83,11 +94,15 @@ impl Stack {
             writers: Vec::new(),
             options,
         };
-        stack.run_writer_command(&["topics", "--request-partitions", "4", "--reply-partitions", "2"])
+        let (partitions, replication) = (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
+        stack
+            .run_writer_command(&["topics", "--request-partitions", &partitions, "--reply-partitions", "2", "--replication", &replication])
             .unwrap_or_else(|e| panic!("creating topics: {e:#}"));
         stack.gateway = stack.spawn_gateway(port, ops_port);
         if stack.options.start_writer {
-            stack.start_writer();
+            for _ in 0..stack.options.writers {
+                stack.start_writer();
+            }
         }
         stack.wait_ready().await;
         stack
@@ -97,6 +112,9 @@ impl Stack {
     fn child_env(&self, command: &mut Command) {
         if let Some(url) = &self.options.database_url {
             command.env("DATABASE_URL", url);
+        }
+        if let Some(brokers) = &self.options.kafka_brokers {
+            command.env("INTAKE_KAFKA_BROKERS", brokers);
         }
         command
             .env("INTAKE_REQUESTS_TOPIC", format!("{}.requests", self.topic_prefix))
@@ -154,6 +172,33 @@ impl Stack {
             let _ = Command::new("kill").args([signal, &writer.id().to_string()]).status();
             let _ = writer.wait();
         }
+    }
+
+    /// Kills one writer with SIGKILL (no goodbye to the group) and returns how many are left.
+    pub fn kill_writer(&mut self, index: usize) -> usize {
+        let mut writer = self.writers.remove(index);
+        let _ = writer.kill();
+        let _ = writer.wait();
+        self.writers.len()
+    }
+
+    /// The partition of the requests topic a workspace's writes go to: librdkafka's default
+    /// partitioner (consistent_random: CRC32 of the key).
+    pub fn request_partition(&self, workspace_id: &str) -> u32 {
+        crc32fast::hash(workspace_id.as_bytes()) % self.options.request_partitions
+    }
+
+    /// Workspaces until every request partition has at least one.
+    pub fn workspaces_on_every_partition(&self) -> Vec<TestKey> {
+        let mut keys: Vec<TestKey> = Vec::new();
+        let mut covered = std::collections::BTreeSet::new();
+        while covered.len() < self.options.request_partitions as usize {
+            let key = self.workspace();
+            if covered.insert(self.request_partition(&key.workspace_id)) {
+                keys.push(key);
+            }
+        }
+        keys
     }
 
     /// Sends SIGTERM to the gateway and returns a handle on its exit.
@@ -361,6 +406,69 @@ pub async fn raw_http(base_url: &str, request: &[u8]) -> (u16, String) {
     (status, body)
 }
 
+/// Three Apache Kafka nodes (KRaft, broker and controller in each) of a test's own on loopback,
+/// started by `deploy/lib.sh`'s `start_kafka_cluster`; killed and removed on drop.
+pub struct KafkaCluster {
+    pub dir: PathBuf,
+    pub base_port: u16,
+    pub bootstrap: String,
+}
+
+impl KafkaCluster {
+    pub fn start() -> KafkaCluster {
+        let dir = std::env::temp_dir().join(format!("intake-kafka-{}", ulid::Ulid::new()));
+        let base_port = (0..200)
+            .map(|i| 31_000 + i * 20)
+            .find(|base| (0..13).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()))
+            .unwrap_or_else(|| panic!("no free ports for a Kafka cluster"));
+        let mut cluster = KafkaCluster { dir, base_port, bootstrap: String::new() };
+        let bootstrap = cluster.run_lib("start_kafka_cluster").unwrap_or_else(|e| panic!("{e:#}"));
+        cluster.bootstrap = bootstrap.trim().to_owned();
+        cluster
+    }
+
+    fn run_lib(&self, function: &str) -> Result<String> {
+        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
+        let script = format!("source {} && {function} {} {}", lib.display(), self.dir.display(), self.base_port);
+        let output = Command::new("bash").args(["-c", &script]).stdin(Stdio::null()).output().context("bash")?;
+        if !output.status.success() {
+            bail!("{function} failed: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// The node (1 to 3) that leads a partition now.
+    pub fn leader(&self, topic: &str, partition: u32) -> i32 {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
+        metadata.topics()[0].partitions().iter().find(|p| p.id() as u32 == partition).map(|p| p.leader()).unwrap_or(-1)
+    }
+
+    /// SIGKILL to one node.
+    pub fn kill(&self, node: i32) {
+        let pid = std::fs::read_to_string(self.dir.join("run").join(format!("kafka-{node}.pid"))).unwrap_or_default();
+        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+    }
+
+    /// Starts again whichever node is down.
+    pub fn restart_stopped(&self) {
+        self.run_lib("start_kafka_cluster").unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+impl Drop for KafkaCluster {
+    fn drop(&mut self) {
+        for node in 1..=3 {
+            self.kill(node);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Every message on a topic, from the beginning, as text.
 pub fn topic_contents(topic: &str) -> String {
     use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -392,4 +500,130 @@ pub fn topic_contents(topic: &str) -> String {
     }
     assert_eq!(remaining, 0, "could not read all of {topic}");
     text
+}
+
+/// One request of [`Traffic`]: which workspace, what it sent, what it got, and when.
+#[derive(Clone, Debug)]
+pub struct Sent {
+    pub workspace: usize,
+    pub external_ids: Vec<String>,
+    pub status: u16,
+    pub started: Instant,
+    pub took: Duration,
+}
+
+/// Writes in a loop from one task per workspace (singles, and a 20-item batch every fifth
+/// request) until stopped; every request and its outcome is recorded.
+pub struct Traffic {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
+}
+
+impl Traffic {
+    pub fn start(client: Client, keys: &[TestKey]) -> Traffic {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = keys
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(workspace, key)| {
+                let (client, stop) = (client.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut sent = Vec::new();
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        n += 1;
+                        let started = Instant::now();
+                        let (external_ids, status) = if n % 5 == 0 {
+                            let items: Vec<Value> = (0..20).map(|_| conversion("lead")).collect();
+                            let ids = items.iter().map(|i| i["external_id"].as_str().unwrap_or_default().to_owned()).collect();
+                            let reply = client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
+                            let all_ok = reply.body["results"].as_array().is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
+                            (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
+                        } else {
+                            let input = conversion("lead");
+                            let reply = client.post("/v1/conversions", &key, &input).await;
+                            (vec![input["external_id"].as_str().unwrap_or_default().to_owned()], reply.status)
+                        };
+                        sent.push(Sent { workspace, external_ids, status, started, took: started.elapsed() });
+                        if !(200..300).contains(&status) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                    sent
+                })
+            })
+            .collect();
+        Traffic { stop, tasks }
+    }
+
+    pub async fn stop(self) -> Vec<Sent> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = Vec::new();
+        for task in self.tasks {
+            all.extend(task.await.unwrap_or_default());
+        }
+        all.sort_by_key(|s| s.started);
+        all
+    }
+}
+
+/// What a fault did to [`Traffic`], measured from the moment of the fault.
+#[derive(Debug)]
+pub struct FaultReport {
+    pub acknowledged: usize,
+    pub failed: usize,
+    /// Statuses other than 2xx, 500 and 503.
+    pub unexpected: Vec<u16>,
+    pub longest: Duration,
+    /// From the fault until every workspace had a success of a request sent after it.
+    pub recovered_after: Option<Duration>,
+}
+
+impl FaultReport {
+    pub fn of(sent: &[Sent], workspaces: usize, fault_at: Instant) -> FaultReport {
+        let ok = |s: &Sent| (200..300).contains(&s.status);
+        let mut recovered = vec![None; workspaces];
+        for s in sent.iter().filter(|s| s.started >= fault_at && ok(s)) {
+            recovered[s.workspace].get_or_insert(s.started + s.took - fault_at);
+        }
+        FaultReport {
+            acknowledged: sent.iter().filter(|s| ok(s)).count(),
+            failed: sent.iter().filter(|s| !ok(s)).count(),
+            unexpected: sent.iter().map(|s| s.status).filter(|s| !(200..300).contains(s) && *s != 500 && *s != 503).collect(),
+            longest: sent.iter().map(|s| s.took).max().unwrap_or_default(),
+            recovered_after: recovered.into_iter().collect::<Option<Vec<_>>>().and_then(|r| r.into_iter().max()),
+        }
+    }
+}
+
+/// Waits until every external id acknowledged in `sent` is stored (up to `patience`) and returns
+/// the ones still missing.
+pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Duration) -> Vec<String> {
+    let db = database().await;
+    let deadline = Instant::now() + patience;
+    loop {
+        let mut missing = Vec::new();
+        for (index, key) in keys.iter().enumerate() {
+            let acknowledged: Vec<String> = sent
+                .iter()
+                .filter(|s| s.workspace == index && (200..300).contains(&s.status))
+                .flat_map(|s| s.external_ids.iter().cloned())
+                .collect();
+            let stored: std::collections::HashSet<String> =
+                sqlx::query_scalar("SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)")
+                    .bind(&key.workspace_id)
+                    .bind(&acknowledged)
+                    .fetch_all(&db)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+            missing.extend(acknowledged.into_iter().filter(|id| !stored.contains(id)));
+        }
+        if missing.is_empty() || Instant::now() > deadline {
+            return missing;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -5,7 +5,7 @@
 
 use crate::store;
 use intake_common::config::KafkaArgs;
-use intake_common::service::kafka_config;
+use intake_common::kafka;
 use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
@@ -33,24 +33,9 @@ pub struct Settings {
 /// Runs until `shutdown` turns true; the message in hand is finished (or, if it is stuck on
 /// an outage, left uncommitted for the next writer) and the offsets are committed.
 pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let consumer: StreamConsumer = kafka_config(
-        &settings.kafka,
-        &[
-            ("group.id", &settings.group_id),
-            ("enable.auto.commit", "true"),
-            ("enable.auto.offset.store", "false"),
-            // A group that starts after the gateways have sent requests must not skip them.
-            ("auto.offset.reset", "earliest"),
-            ("auto.commit.interval.ms", "500"),
-            // A writer that dies without leaving the group holds its partitions until its
-            // session times out: 10 s, not librdkafka's 45 s.
-            ("session.timeout.ms", "10000"),
-            ("heartbeat.interval.ms", "3000"),
-        ],
-    )
-    .create()?;
+    let consumer: StreamConsumer = kafka::writer_consumer(&settings.kafka, &settings.group_id).create()?;
     consumer.subscribe(&[&settings.kafka.requests_topic])?;
-    let producer: FutureProducer = kafka_config(&settings.kafka, &[("acks", "all"), ("linger.ms", "0")]).create()?;
+    let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
     let worker = Worker { pool, producer, settings };
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");

@@ -59,6 +59,9 @@ enum Command {
         reply_partitions: i32,
         #[arg(long, env = "INTAKE_TOPIC_REPLICATION", default_value_t = 1)]
         replication: i32,
+        /// Default: 2 at replication 3 or more, else 1.
+        #[arg(long, env = "INTAKE_TOPIC_MIN_INSYNC_REPLICAS")]
+        min_insync_replicas: Option<i32>,
         #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000)]
         retention_ms: i64,
     },
@@ -191,8 +194,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             }, shutdown).await?;
             Ok(json!({ "stopped": true }))
         }
-        Command::Topics { kafka, request_partitions, reply_partitions, replication, retention_ms } => {
-            let counts = topics::TopicCounts { request_partitions, reply_partitions, replication, retention_ms };
+        Command::Topics { kafka, request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms } => {
+            let counts = topics::TopicCounts { request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms };
             topics::create_topics(&kafka, &counts).await
         }
         Command::Workspace { command, database } => {

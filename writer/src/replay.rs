@@ -6,7 +6,7 @@ use crate::store;
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
 use intake_common::message::WriteRequest;
-use intake_common::service::kafka_config;
+use intake_common::kafka;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -24,11 +24,7 @@ pub enum Start {
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start) -> anyhow::Result<Value> {
-    let consumer: BaseConsumer = kafka_config(
-        kafka,
-        &[("group.id", "intake-replay"), ("enable.auto.commit", "false"), ("auto.offset.reset", "earliest")],
-    )
-    .create()?;
+    let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
     let ranges = ranges(&consumer, topic, start)?;
     let (mut applied, mut already, mut failed, mut messages) = (0u64, 0u64, 0u64, 0u64);
     for (partition, from, to) in ranges {

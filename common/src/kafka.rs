@@ -1,0 +1,153 @@
+//! Every Kafka client setting of both programs, in one place. Each client is librdkafka's
+//! defaults, then the settings below (each with why), then the operator's
+//! `INTAKE_KAFKA_OPTIONS`, which override anything here. Nothing here is specific to one broker:
+//! these are settings of the Kafka protocol and of librdkafka, chosen for Apache Kafka 4 and
+//! valid for any Kafka cluster (MSK, Confluent, Redpanda).
+//!
+//! Left at librdkafka's defaults on purpose: `fetch.wait.max.ms` (500 ms) and `fetch.min.bytes`
+//! (1): a Kafka broker answers a waiting fetch as soon as one byte arrives, so the long poll
+//! costs no latency; `group.protocol` (classic): it keeps the session timeout on the client
+//! side, where the writer sets it.
+
+use crate::config::KafkaArgs;
+use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// The producer of write requests (gateway → `intake.requests`).
+pub fn request_producer(args: &KafkaArgs, write_timeout: Duration) -> ClientConfig {
+    let timeout_ms = write_timeout.as_millis().max(1).to_string();
+    config(
+        args,
+        &[
+            // An acknowledged write must survive the loss of the partition leader: wait for every
+            // in-sync replica (with min.insync.replicas=2 on the topic, at least two copies).
+            ("acks", "all"),
+            // Retries after a lost ack do not duplicate a message and do not reorder the chunks
+            // of a batch, so several chunks can be in flight at once.
+            ("enable.idempotence", "true"),
+            // A write request waits for its reply: sending at once beats batching for latency,
+            // and the chunks of one batch are produced together anyway.
+            ("linger.ms", "0"),
+            // Small request-reply messages: do not hold them back to fill a TCP segment.
+            ("socket.nagle.disable", "true"),
+            // A message not delivered by the request's deadline fails rather than lingering: the
+            // client gets 500 and re-sends (safe), and nothing is sent after it gave up waiting.
+            ("message.timeout.ms", &timeout_ms),
+        ],
+    )
+}
+
+/// The reader of this gateway's own reply partition: assigned, never subscribed, never
+/// committed (a gateway only needs replies to requests it sends after it starts).
+pub fn reply_reader(args: &KafkaArgs) -> ClientConfig {
+    config(
+        args,
+        &[
+            // Required by librdkafka for a consumer handle; no group is joined (assign only).
+            ("group.id", "intake-gateway-replies"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("socket.nagle.disable", "true"),
+        ],
+    )
+}
+
+/// How long a writer that died without leaving the group keeps its partitions.
+pub const WRITER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The writers' consumer of `intake.requests`, in one consumer group.
+pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> ClientConfig {
+    let session_ms = WRITER_SESSION_TIMEOUT.as_millis().to_string();
+    config(
+        args,
+        &[
+            ("group.id", group_id),
+            // Offsets are stored by the writer only after the PostgreSQL commit and the reply,
+            // then committed in the background; a crash redelivers at most the last 500 ms of
+            // work, which applied_messages recognises.
+            ("enable.auto.commit", "true"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.commit.interval.ms", "500"),
+            // A group that starts after the gateways have sent requests must not skip them.
+            ("auto.offset.reset", "earliest"),
+            // A writer killed with SIGKILL holds its partitions until its session times out:
+            // 10 s instead of librdkafka's 45 s, so its partitions move to another writer (or
+            // to itself, restarted) soon. Heartbeats at a third of it.
+            ("session.timeout.ms", &session_ms),
+            ("heartbeat.interval.ms", "3000"),
+            ("socket.nagle.disable", "true"),
+        ],
+    )
+}
+
+/// The writer's producer of replies (`intake.replies`) and dead letters (`intake.requests.dlq`).
+pub fn writer_producer(args: &KafkaArgs) -> ClientConfig {
+    config(
+        args,
+        &[
+            // A dead letter is the only copy the writer keeps of a message it skips.
+            ("acks", "all"),
+            ("enable.idempotence", "true"),
+            ("linger.ms", "0"),
+            ("socket.nagle.disable", "true"),
+            // Bounded, so that a reply or dead letter that cannot be delivered comes back as an
+            // error to the writer's retry policy instead of being retried inside librdkafka
+            // forever; the policy decides (writer/src/retry.rs).
+            ("message.timeout.ms", "5000"),
+        ],
+    )
+}
+
+/// A consumer outside any group that reads a topic from given offsets (replay, inspection).
+pub fn reader(args: &KafkaArgs, purpose: &str) -> ClientConfig {
+    config(args, &[("group.id", purpose), ("enable.auto.commit", "false"), ("auto.offset.reset", "earliest")])
+}
+
+/// The admin client that creates topics.
+pub fn admin(args: &KafkaArgs) -> ClientConfig {
+    config(args, &[])
+}
+
+/// Defaults, then the operator's options, so that configuration overrides code.
+fn config(args: &KafkaArgs, defaults: &[(&str, &str)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &args.brokers);
+    for (key, value) in defaults {
+        config.set(*key, *value);
+    }
+    for (key, value) in &args.options {
+        config.set(key, value);
+    }
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(options: &[(&str, &str)]) -> KafkaArgs {
+        KafkaArgs {
+            brokers: "127.0.0.1:1".into(),
+            options: options.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            requests_topic: "r".into(),
+            replies_topic: "p".into(),
+            dlq_topic: "d".into(),
+        }
+    }
+
+    #[test]
+    fn operator_options_override_the_defaults() {
+        let config = request_producer(&args(&[("linger.ms", "5")]), Duration::from_secs(10));
+        assert_eq!(config.get("linger.ms"), Some("5"));
+        assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("message.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn no_client_carries_a_broker_specific_poll_setting() {
+        let a = args(&[]);
+        for config in [request_producer(&a, Duration::from_secs(1)), reply_reader(&a), writer_consumer(&a, "g"), writer_producer(&a)] {
+            assert_eq!(config.get("fetch.wait.max.ms"), None);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! On Apache Kafka: a writer killed with SIGKILL and started again gets partitions and serves
+//! them; a three-node cluster loses the leader of a request partition under traffic and goes on.
+
+use intake_tests::{missing_acknowledged, FaultReport, KafkaCluster, Stack, StackOptions, Traffic};
+use std::time::{Duration, Instant};
+
+/// A killed writer keeps its partitions until its session times out (10 s).
+const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Traffic runs faster than the production limits allow one key.
+fn unlimited() -> StackOptions {
+    StackOptions { requests_per_minute: 1_000_000, conversions_per_minute: 100_000_000, ..Default::default() }
+}
+
+async fn kill_a_writer_and_start_it_again(writers: usize, back_within: Duration) {
+    let mut stack = Stack::start_with(StackOptions { writers, ..unlimited() }).await;
+    let keys = stack.workspaces_on_every_partition();
+    let traffic = Traffic::start(stack.client(), &keys);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let killed_at = Instant::now();
+    stack.kill_writer(0);
+    stack.start_writer(); // as a supervisor would
+    tokio::time::sleep(back_within + Duration::from_secs(3)).await;
+    let sent = traffic.stop().await;
+
+    let report = FaultReport::of(&sent, keys.len(), killed_at);
+    assert!(report.unexpected.is_empty(), "{report:?}");
+    assert!(report.longest < DEADLINE + Duration::from_secs(2), "every request ended within the deadline: {report:?}");
+    let recovered = report.recovered_after.unwrap_or_else(|| panic!("writes never came back on every partition: {report:?}"));
+    assert!(recovered <= back_within, "every partition served again after {recovered:?}: {report:?}");
+    let missing = missing_acknowledged(&keys, &sent, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
+}
+
+#[tokio::test]
+async fn one_of_two_writers_killed_and_restarted_every_partition_is_served_again() {
+    kill_a_writer_and_start_it_again(2, SESSION_TIMEOUT + Duration::from_secs(15)).await;
+}
+
+#[tokio::test]
+async fn the_only_writer_killed_and_restarted_writes_come_back_within_30_s() {
+    kill_a_writer_and_start_it_again(1, Duration::from_secs(30)).await;
+}
+
+#[tokio::test]
+async fn the_leader_of_a_request_partition_killed_under_traffic() {
+    let cluster = KafkaCluster::start();
+    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), replication: 3, writers: 2, ..unlimited() };
+    let stack = Stack::start_with(options).await;
+    let keys = stack.workspaces_on_every_partition();
+    let traffic = Traffic::start(stack.client(), &keys);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let leader = cluster.leader(&topic, stack.request_partition(&keys[0].workspace_id));
+    assert!((1..=3).contains(&leader), "partition has a leader: {leader}");
+    let killed_at = Instant::now();
+    cluster.kill(leader);
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    let sent = traffic.stop().await;
+
+    let report = FaultReport::of(&sent, keys.len(), killed_at);
+    assert!(report.unexpected.is_empty(), "only 2xx or 500 during the failover: {report:?}");
+    assert!(report.longest < DEADLINE + Duration::from_secs(2), "every request ended within the deadline: {report:?}");
+    let recovered = report.recovered_after.unwrap_or_else(|| panic!("writes never came back: {report:?}"));
+    assert!(recovered <= Duration::from_secs(30), "back to normal after {recovered:?}");
+    let missing = missing_acknowledged(&keys, &sent, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
+    assert_ne!(cluster.leader(&topic, stack.request_partition(&keys[0].workspace_id)), leader, "leadership moved");
+}
