@@ -75,6 +75,8 @@ pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> ClientConfig {
             // to itself, restarted) soon. Heartbeats at a third of it.
             ("session.timeout.ms", &session_ms),
             ("heartbeat.interval.ms", "3000"),
+            // Per-partition lag for /metrics and the stall check of /readyz (writer/src/health.rs).
+            ("statistics.interval.ms", "2000"),
             ("socket.nagle.disable", "true"),
         ],
     )

@@ -71,6 +71,8 @@ pub struct Stack {
     pub topic_prefix: String,
     gateway: Child,
     writers: Vec<Child>,
+    /// The ops address of each running writer, in the order of `writers`.
+    pub writer_ops_urls: Vec<String>,
     options: StackOptions,
 }
 
@@ -92,6 +94,7 @@ impl Stack {
             topic_prefix,
             gateway: Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")),
             writers: Vec::new(),
+            writer_ops_urls: Vec::new(),
             options,
         };
         let (partitions, replication) = (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
@@ -156,17 +159,20 @@ impl Stack {
     pub fn start_writer(&mut self) {
         let mut command = Command::new(bin("intake-writer"));
         self.child_env(&mut command);
+        let ops = format!("127.0.0.1:{}", free_port());
         let child = command
-            .arg("run")
+            .args(["run", "--ops-listen", &ops])
             .stdout(self.log_file("writer"))
             .stderr(self.log_file("writer"))
             .spawn()
             .unwrap_or_else(|e| panic!("starting a writer: {e}"));
         self.writers.push(child);
+        self.writer_ops_urls.push(format!("http://{ops}"));
     }
 
     /// Stops every writer: gracefully (SIGTERM) or by SIGKILL.
     pub fn stop_writers(&mut self, graceful: bool) {
+        self.writer_ops_urls.clear();
         for mut writer in self.writers.drain(..) {
             let signal = if graceful { "-TERM" } else { "-KILL" };
             let _ = Command::new("kill").args([signal, &writer.id().to_string()]).status();
@@ -177,6 +183,7 @@ impl Stack {
     /// Kills one writer with SIGKILL (no goodbye to the group) and returns how many are left.
     pub fn kill_writer(&mut self, index: usize) -> usize {
         let mut writer = self.writers.remove(index);
+        self.writer_ops_urls.remove(index);
         let _ = writer.kill();
         let _ = writer.wait();
         self.writers.len()
@@ -223,9 +230,25 @@ impl Stack {
 
     /// Runs an operator command with this stack's topics and returns its JSON output.
     pub fn run_writer_command(&self, args: &[&str]) -> Result<Value> {
+        self.run_writer_command_with_input(args, "")
+    }
+
+    /// The same, with `input` on the command's standard input.
+    pub fn run_writer_command_with_input(&self, args: &[&str], input: &str) -> Result<Value> {
+        use std::io::Write;
         let mut command = Command::new(bin("intake-writer"));
         self.child_env(&mut command);
-        let output = command.args(args).stdin(Stdio::null()).output().context("running intake-writer")?;
+        let mut child = command
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running intake-writer")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        let output = child.wait_with_output().context("running intake-writer")?;
         if !output.status.success() {
             bail!("intake-writer {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
         }
@@ -626,4 +649,58 @@ pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Dur
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Produces one write request message straight into a requests topic, as a gateway would (for
+/// messages a gateway never sends: a missing reply partition, an unknown workspace).
+pub async fn produce_request(topic: &str, workspace_id: &str, reply_partition: i32, input: &Value) -> String {
+    use intake_common::message::{WriteRequest, WriteRequestV1};
+    let conversion = intake_common::validate::validate_conversion(input, now_ms())
+        .unwrap_or_else(|e| panic!("invalid test input: {e:?}"))
+        .conversion;
+    let correlation_id = format!("test-{}", ulid::Ulid::new());
+    let request = WriteRequest::V1(WriteRequestV1 {
+        correlation_id: correlation_id.clone(),
+        reply_partition,
+        deadline_ms: now_ms() + 10_000,
+        received_at_ms: now_ms(),
+        workspace_id: workspace_id.to_owned(),
+        items: vec![conversion],
+    });
+    let payload = serde_json::to_vec(&request).unwrap_or_default();
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .create()
+        .unwrap_or_else(|e| panic!("producer: {e}"));
+    let record = rdkafka::producer::FutureRecord::to(topic).key(workspace_id).payload(&payload);
+    producer.send(record, Duration::from_secs(10)).await.unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+    correlation_id
+}
+
+/// The headers of every message on a topic (the dead-letter topic), waiting up to `patience`
+/// for at least `expected` messages.
+pub fn topic_headers(topic: &str, expected: usize, patience: Duration) -> Vec<std::collections::BTreeMap<String, String>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .set("group.id", format!("inspect-{}", ulid::Ulid::new()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap_or_else(|e| panic!("consumer: {e}"));
+    consumer.subscribe(&[topic]).unwrap_or_else(|e| panic!("{e}"));
+    let mut all = Vec::new();
+    let deadline = Instant::now() + patience;
+    while all.len() < expected && Instant::now() < deadline {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) {
+            let headers = message.headers().map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                    .collect()
+            });
+            all.push(headers.unwrap_or_default());
+        }
+    }
+    all
 }

@@ -89,7 +89,7 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
     assert_eq!((created.status, other.status), (201, 201));
     assert_eq!(matches(&created.body["conversion"]["id"]).await.len(), 2);
 
-    let erased = stack.run_writer_command(&["erase", "--workspace", &ws, "--email", &format!("  {}", email.to_uppercase())])
+    let erased = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &format!("  {}\n", email.to_uppercase()))
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(erased, json!({"conversions": 1, "visits": 2}));
     let db = database().await;
@@ -107,7 +107,7 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
         .bind(&ws).fetch_one(&db).await.unwrap_or_default();
     assert!(!audit_text.to_lowercase().contains(&email.to_lowercase()));
 
-    let again = stack.run_writer_command(&["erase", "--workspace", &ws, "--email", &email]).unwrap_or_else(|e| panic!("{e:#}"));
+    let again = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(again, json!({"conversions": 0, "visits": 0}));
 
     let resent = stack.post("/v1/conversions", &key, &input).await;
@@ -134,16 +134,85 @@ async fn erasure_by_phone_contact_and_visitor_id() {
     stack.post("/v1/conversions", &key, &send(json!({"contact_id": contact}))).await;
     stack.post("/v1/conversions", &key, &send(json!({"visitor_id": format!("{visitor}.20260101")}))).await;
     visit(&ws, Some(&visitor), None, None, now_ms() - 5000).await;
-    let run = |args: Vec<String>| {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        stack.run_writer_command(&args).unwrap_or_else(|e| panic!("{e:#}"))
+    let erase = |flags: &[&str], value: &str| {
+        let args: Vec<&str> = ["erase", "--workspace", ws.as_str()].into_iter().chain(flags.iter().copied()).collect();
+        stack.run_writer_command_with_input(&args, value).unwrap_or_else(|e| panic!("{e:#}"))
     };
-    let base = |flag: &str, value: &str| vec!["erase".to_owned(), "--workspace".to_owned(), ws.clone(), flag.to_owned(), value.to_owned()];
-    let mut phone = base("--phone", "415-555-2671");
-    phone.extend(["--country".to_owned(), "us".to_owned()]);
-    assert_eq!(run(phone), json!({"conversions": 1, "visits": 0}));
-    assert_eq!(run(base("--contact-id", &contact)), json!({"conversions": 1, "visits": 0}));
-    assert_eq!(run(base("--visitor-id", &visitor)), json!({"conversions": 1, "visits": 1}));
-    assert!(stack.run_writer_command(&["erase", "--workspace", &ws]).is_err(), "an identifier is required");
-    assert!(stack.run_writer_command(&["erase", "--workspace", &ws, "--email", "a@b.co", "--contact-id", "x"]).is_err());
+    assert_eq!(erase(&["--phone", "--country", "us"], "415-555-2671\n"), json!({"conversions": 1, "visits": 0}));
+    assert_eq!(erase(&["--contact-id"], &contact), json!({"conversions": 1, "visits": 0}));
+    // From a file instead of standard input.
+    let file = std::env::temp_dir().join(format!("erase-{}", unique(8)));
+    std::fs::write(&file, format!("{visitor}\n")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(erase(&["--visitor-id", "--from", &file.display().to_string()], ""), json!({"conversions": 1, "visits": 1}));
+    let _ = std::fs::remove_file(&file);
+    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws], "x").is_err(), "an identifier kind is required");
+    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email", "--contact-id"], "x").is_err());
+    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], "\n").is_err(), "a value is required");
+    assert!(
+        stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email", "a@b.co"], "").is_err(),
+        "the value is never an argument"
+    );
+}
+
+#[tokio::test]
+async fn erasure_reaches_the_persons_conversions_one_step_out_and_no_further() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ws = key.workspace_id.clone();
+    let (email, contact, visitor) = (format!("{}@example.com", unique(8)), format!("crm-{}", unique(8)), unique(16));
+    let send = |extra: Value| {
+        let mut input = json!({"event": "lead", "external_id": unique(10), "occurred_at": now_ms()});
+        for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+            input[k] = v;
+        }
+        input
+    };
+    // A carries the email; B shares A's contact id; C shares B's phone only (two steps away).
+    let a = stack.post("/v1/conversions", &key, &send(json!({"email": email, "contact_id": contact}))).await;
+    let b = stack.post("/v1/conversions", &key, &send(json!({"contact_id": contact, "phone": "+14155550100", "visitor_id": visitor}))).await;
+    let c = stack.post("/v1/conversions", &key, &send(json!({"phone": "+14155550100"}))).await;
+    assert_eq!((a.status, b.status, c.status), (201, 201, 201));
+    visit(&ws, Some(&visitor), None, None, now_ms() - 5000).await;
+
+    let erased = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(erased, json!({"conversions": 2, "visits": 1}), "A, and B one step out, and B's visit");
+    let cleared = |id: &Value| {
+        let id = id.as_str().unwrap_or_default().to_owned();
+        async move {
+            let row: Vec<Option<String>> = sqlx::query_scalar(
+                "SELECT ARRAY[visitor_id, contact_id, email_sha256, phone_sha256] FROM conversions WHERE id = $1")
+                .bind(id).fetch_one(&database().await).await.unwrap_or_else(|e| panic!("{e}"));
+            row.iter().all(Option::is_none)
+        }
+    };
+    assert!(cleared(&a.body["conversion"]["id"]).await);
+    assert!(cleared(&b.body["conversion"]["id"]).await);
+    assert!(!cleared(&c.body["conversion"]["id"]).await, "two steps out is another person as far as we know");
+}
+
+#[tokio::test]
+async fn an_update_that_changes_no_matching_input_keeps_the_matches() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ws = key.workspace_id.clone();
+    let visitor = unique(16);
+    // Older than 90 days: no match is computed for it any more, so a recomputation would lose
+    // the one it has (made when it was young).
+    let occurred = now_ms() - 100 * DAY_MS;
+    let mut input = json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred, "visitor_id": visitor, "value": "1"});
+    let created = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(created.status, 201);
+    let id = created.body["conversion"]["id"].clone();
+    let visit_id = visit(&ws, Some(&visitor), None, None, occurred - 1000).await;
+    sqlx::query("INSERT INTO conversion_matches (conversion_id, visit_id, matched_by) VALUES ($1, $2, 'visitor_id')")
+        .bind(id.as_str().unwrap_or_default()).bind(visit_id).execute(&database().await).await.unwrap_or_else(|e| panic!("{e}"));
+
+    input["value"] = json!("2");
+    input["tags"] = json!({"stage": "won"});
+    assert_eq!(stack.post("/v1/conversions", &key, &input).await.body["conversion"]["result"], "updated");
+    assert_eq!(matches(&id).await.len(), 1, "value and tags are no matching inputs");
+
+    input["visitor_id"] = json!(unique(16));
+    assert_eq!(stack.post("/v1/conversions", &key, &input).await.body["conversion"]["result"], "updated");
+    assert!(matches(&id).await.is_empty(), "a new visitor id recomputes: older than 90 days, none");
 }

@@ -1,19 +1,24 @@
 //! The writer's loop: take the request messages at hand (one, or as many as are waiting, up to
 //! [`MAX_GROUP`]), apply them in order in one transaction, reply to each, and only then mark
 //! their offsets for commit. Delivery is at least once; `applied_messages` makes a redelivery
-//! harmless.
+//! harmless. Every failure goes through the one retry policy of `retry.rs`.
 
+use crate::health::{Health, WriterContext};
+use crate::metrics::{self, Metrics};
+use crate::retry::{Interrupted, Policy, Stop};
 use crate::store;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
 use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use sqlx::PgPool;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Messages applied in one transaction at most. Under load a group amortizes the commit and the
 /// reply round trip; when idle a group is the one message that arrived.
@@ -25,19 +30,25 @@ pub struct Settings {
     /// How long applied message ids are remembered; at least the requests topic's retention,
     /// so that any redelivery or replay from the topic is recognised.
     pub remember_applied: Duration,
-    /// Attempts at a message that fails for a reason retrying cannot cure, before it goes to
-    /// the dead-letter topic.
-    pub max_attempts: u32,
+    pub policy: Policy,
+    /// How long the final offset commit and leaving the group may take at shutdown (they wait
+    /// for the broker, which may be down).
+    pub shutdown_timeout: Duration,
 }
 
-/// Runs until `shutdown` turns true; the message in hand is finished (or, if it is stuck on
-/// an outage, left uncommitted for the next writer) and the offsets are committed.
-pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let consumer: StreamConsumer = kafka::writer_consumer(&settings.kafka, &settings.group_id).create()?;
+type WriterConsumer = StreamConsumer<WriterContext>;
+
+/// Runs until `shutdown` turns true; the group in hand is finished (or, if it is stuck on an
+/// outage, left uncommitted for the next writer), the offsets are committed and the group left.
+pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let consumer: WriterConsumer =
+        kafka::writer_consumer(&settings.kafka, &settings.group_id).create_with_context(WriterContext(health.clone()))?;
     consumer.subscribe(&[&settings.kafka.requests_topic])?;
+    let consumer = Arc::new(consumer);
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
-    let worker = Worker { pool, producer, settings };
+    tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
+    let worker = Worker { pool, producer, metrics: health.metrics.clone(), settings };
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
 
     loop {
@@ -64,32 +75,55 @@ pub async fn run(pool: PgPool, settings: Settings, mut shutdown: watch::Receiver
             break; // shutting down with messages unfinished: they stay uncommitted
         }
         for message in &messages {
-            if let Err(error) = consumer.store_offset_from_message(message) {
-                tracing::warn!(%error, "could not store offset; the message may be redelivered");
+            match consumer.store_offset_from_message(message) {
+                Ok(()) => health.progressed(message.partition()),
+                Err(error) => tracing::warn!(%error, "could not store offset; the message may be redelivered"),
             }
         }
     }
-    if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
-        tracing::warn!(%error, "final offset commit failed; the last messages may be redelivered");
-    }
+    health.shutting_down();
+    let timeout = worker.settings.shutdown_timeout;
+    leave_group(consumer, worker, timeout).await;
     tracing::info!("writer stopped");
     Ok(())
+}
+
+/// Commits the stored offsets and leaves the group, so that the partitions move at once; both
+/// wait for the broker, so they are bounded: past the timeout the writer exits anyway and the
+/// uncommitted messages are redelivered (and recognised) elsewhere.
+async fn leave_group(consumer: Arc<WriterConsumer>, worker: Worker, timeout: Duration) {
+    let closing = tokio::task::spawn_blocking(move || {
+        drop(worker); // flushes the producer (bounded by message.timeout.ms)
+        if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
+            tracing::warn!(%error, "final offset commit failed; the last messages may be redelivered");
+        }
+        drop(consumer); // closes the consumer: leaves the group
+    });
+    if tokio::time::timeout(timeout, closing).await.is_err() {
+        tracing::warn!(?timeout, "the broker did not answer in time; exiting without leaving the group");
+    }
 }
 
 struct Worker {
     pool: PgPool,
     producer: FutureProducer,
+    metrics: Arc<Metrics>,
     settings: Settings,
 }
-
-/// The message was not finished because the writer is shutting down.
-struct Interrupted;
 
 /// Enough of any message version to answer it when the rest cannot be read.
 #[derive(Deserialize)]
 struct Envelope {
     correlation_id: String,
     reply_partition: i32,
+}
+
+/// What a dead letter says about why (its Kafka headers).
+struct DeadLetter<'a> {
+    reason: &'static str,
+    error: String,
+    attempts: u32,
+    message: &'a BorrowedMessage<'a>,
 }
 
 impl Worker {
@@ -101,9 +135,10 @@ impl Worker {
                 Ok(WriteRequest::V1(request)) => readable.push((message, request)),
                 Err(error) => {
                     tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");
-                    self.dead_letter(message, "unreadable", shutdown).await?;
+                    let letter = DeadLetter { reason: "unreadable", error: error.to_string(), attempts: 1, message };
+                    self.dead_letter(letter, shutdown).await?;
                     if let Ok(envelope) = serde_json::from_slice::<Envelope>(payload) {
-                        self.reply(&envelope.correlation_id, envelope.reply_partition, ChunkOutcome::Failed, shutdown).await?;
+                        self.reply(&envelope.correlation_id, envelope.reply_partition, None, ChunkOutcome::Failed, shutdown).await?;
                     }
                 }
             }
@@ -111,6 +146,7 @@ impl Worker {
         if readable.is_empty() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let outcomes = match self.apply_together(&readable, shutdown).await? {
             Some(outcomes) => outcomes,
             // Something in the group fails for good: apply one by one, so only that one fails.
@@ -122,39 +158,78 @@ impl Worker {
                 outcomes
             }
         };
-        let replies = readable.iter().zip(outcomes).map(|((_, request), outcome)| (request, outcome));
+        self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+        for ((message, request), (outcome, first_time)) in readable.iter().zip(&outcomes) {
+            self.record(message, request, outcome, *first_time);
+        }
+        let replies = readable.iter().zip(outcomes).map(|((_, request), (outcome, _))| (request, outcome));
         self.reply_all(replies.collect(), shutdown).await
     }
 
-    /// The whole group in one transaction, retried through outages; `None` when it fails for a
-    /// reason retrying cannot cure.
+    /// The whole group in one transaction, retried through outages; `None` when it fails for any
+    /// other reason (then each message is tried on its own).
     async fn apply_together(
         &self,
         group: &[(&BorrowedMessage<'_>, WriteRequestV1)],
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<Option<Vec<ChunkOutcome>>, Interrupted> {
+    ) -> Result<Option<Vec<(ChunkOutcome, bool)>>, Interrupted> {
         let requests: Vec<&WriteRequestV1> = group.iter().map(|(_, request)| request).collect();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match store::apply_chunks(&self.pool, &requests).await {
-                Ok(applied) => {
-                    return Ok(Some(applied.into_iter().map(|a| ChunkOutcome::Applied { results: a.results }).collect()));
-                }
-                Err(error) if store::is_transient(&error) => {
-                    tracing::warn!(%error, messages = requests.len(), "database unavailable; retrying");
-                }
-                Err(error) => {
-                    tracing::warn!(%error, messages = requests.len(), "group failed; applying its messages one by one");
-                    return Ok(None);
-                }
-            }
-            pause(backoff, shutdown).await?;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+        let once = Policy { max_attempts: 1, ..self.settings.policy };
+        match once.run("apply", &self.metrics, None, shutdown, || store::apply_chunks(&self.pool, &requests)).await {
+            Ok(applied) => Ok(Some(applied.into_iter().map(|a| (ChunkOutcome::Applied { results: a.results }, a.first_time)).collect())),
+            Err(Stop::GaveUp { .. }) => Ok(None),
+            Err(Stop::Interrupted) => Err(Interrupted),
         }
     }
 
-    /// Sends every reply at once and waits for the broker to take them all; a reply that fails
-    /// is sent again until it is taken.
+    /// One message; given up on after the policy's attempts, it is dead-lettered and answered
+    /// as failed.
+    async fn apply(
+        &self,
+        request: &WriteRequestV1,
+        message: &BorrowedMessage<'_>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(ChunkOutcome, bool), Interrupted> {
+        let applying = self.settings.policy.run("apply", &self.metrics, None, shutdown, || store::apply_chunk(&self.pool, request));
+        match applying.await {
+            Ok(applied) => Ok((ChunkOutcome::Applied { results: applied.results }, applied.first_time)),
+            Err(Stop::GaveUp { error, attempts }) => {
+                let letter = DeadLetter { reason: "apply_failed", error: error.to_string(), attempts, message };
+                self.dead_letter(letter, shutdown).await?;
+                Ok((ChunkOutcome::Failed, false))
+            }
+            Err(Stop::Interrupted) => Err(Interrupted),
+        }
+    }
+
+    /// Metrics and the log line of one answered message, with the request id the gateway gave it.
+    fn record(&self, message: &BorrowedMessage<'_>, request: &WriteRequestV1, outcome: &ChunkOutcome, first_time: bool) {
+        let label = match (outcome, first_time) {
+            (ChunkOutcome::Failed, _) => "failed",
+            (ChunkOutcome::Applied { .. }, true) => "applied",
+            (ChunkOutcome::Applied { .. }, false) => "already_applied",
+        };
+        self.metrics.messages.get_or_create(&metrics::Outcome { outcome: label }).inc();
+        if let (ChunkOutcome::Applied { results }, true) = (outcome, first_time) {
+            for result in results {
+                self.metrics.items.get_or_create(&metrics::ItemResult { result: result.result.as_str() }).inc();
+            }
+        }
+        tracing::info!(
+            request_id = request_id(message).unwrap_or("-"),
+            correlation_id = %request.correlation_id,
+            workspace_id = %request.workspace_id,
+            partition = message.partition(),
+            offset = message.offset(),
+            items = request.items.len(),
+            outcome = label,
+            "chunk"
+        );
+    }
+
+    /// Sends every reply at once; a reply that fails is tried again through the policy until
+    /// its request's deadline, after which nobody waits for it (the gateway answered 500 and the
+    /// client's re-send reads the stored result).
     async fn reply_all(&self, replies: Vec<(&WriteRequestV1, ChunkOutcome)>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
         let mut deliveries = Vec::with_capacity(replies.len());
         for (request, outcome) in &replies {
@@ -168,84 +243,117 @@ impl Worker {
                 None => false,
             };
             if !delivered {
-                self.reply(&request.correlation_id, request.reply_partition, outcome, shutdown).await?;
+                let deadline = deadline_instant(request.deadline_ms);
+                self.reply(&request.correlation_id, request.reply_partition, Some(deadline), outcome, shutdown).await?;
             }
         }
         Ok(())
-    }
-
-    /// Transient failures are retried with backoff for as long as they last; others a bounded
-    /// number of times, then the message goes to the dead-letter topic and is answered as failed.
-    async fn apply(
-        &self,
-        request: &WriteRequestV1,
-        message: &BorrowedMessage<'_>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<ChunkOutcome, Interrupted> {
-        let mut failures = 0;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let error = match store::apply_chunk(&self.pool, request).await {
-                Ok(applied) => return Ok(ChunkOutcome::Applied { results: applied.results }),
-                Err(error) => error,
-            };
-            if store::is_transient(&error) {
-                tracing::warn!(%error, correlation_id = %request.correlation_id, "database unavailable; retrying");
-            } else {
-                failures += 1;
-                tracing::error!(%error, correlation_id = %request.correlation_id, failures, "chunk failed");
-                if failures >= self.settings.max_attempts {
-                    self.dead_letter(message, "apply_failed", shutdown).await?;
-                    return Ok(ChunkOutcome::Failed);
-                }
-            }
-            pause(backoff, shutdown).await?;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
     }
 
     async fn reply(
         &self,
         correlation_id: &str,
         partition: i32,
+        until: Option<Instant>,
         outcome: ChunkOutcome,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), Interrupted> {
         let payload = reply_payload(correlation_id, outcome);
-        self.produce(|| self.reply_record(correlation_id, partition, &payload), shutdown).await
+        let send = || async {
+            let record = self.reply_record(correlation_id, partition, &payload);
+            self.producer.send(record, Duration::ZERO).await.map(|_| ()).map_err(|(error, _)| error)
+        };
+        // A permanent failure (a reply partition that does not exist) is given up on too.
+        match self.settings.policy.run("reply", &self.metrics, until, shutdown, send).await {
+            Ok(()) => Ok(()),
+            Err(Stop::GaveUp { error, attempts }) => {
+                self.metrics.replies_dropped.inc();
+                tracing::warn!(%error, correlation_id, partition, attempts, "reply given up; the gateway answered 500");
+                Ok(())
+            }
+            Err(Stop::Interrupted) => Err(Interrupted),
+        }
     }
 
     fn reply_record<'a>(&'a self, correlation_id: &'a str, partition: i32, payload: &'a [u8]) -> FutureRecord<'a, str, [u8]> {
         FutureRecord::to(&self.settings.kafka.replies_topic).partition(partition).key(correlation_id).payload(payload)
     }
 
-    async fn dead_letter(&self, message: &BorrowedMessage<'_>, reason: &str, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-        let payload = message.payload().unwrap_or_default();
-        let key = message.key().unwrap_or_default();
-        let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header { key: "reason", value: Some(reason) });
-        let record = || FutureRecord::to(&self.settings.kafka.dlq_topic).key(key).payload(payload).headers(headers.clone());
-        self.produce(record, shutdown).await
-    }
-
-    /// Produces until the broker acknowledges, retrying with backoff through a broker outage.
-    async fn produce<'a, K, P>(
-        &self,
-        record: impl Fn() -> FutureRecord<'a, K, P>,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted>
-    where
-        K: rdkafka::message::ToBytes + ?Sized + 'a,
-        P: rdkafka::message::ToBytes + ?Sized + 'a,
-    {
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match self.producer.send(record(), Duration::from_secs(5)).await {
-                Ok(_) => return Ok(()),
-                Err((error, _)) => tracing::warn!(%error, "produce failed; retrying"),
-            }
-            pause(backoff, shutdown).await?;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+    /// A copy of the message in the dead-letter topic with headers naming why. Through an outage
+    /// it is retried for as long as it lasts (the message is not skipped without its copy); if
+    /// the dead-letter topic refuses it for good, the message is skipped and logged with its
+    /// partition and offset: it stays in the requests topic for `intake-writer replay`.
+    async fn dead_letter(&self, letter: DeadLetter<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let message = letter.message;
+        let (partition, offset, attempts) = (message.partition().to_string(), message.offset().to_string(), letter.attempts.to_string());
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in [
+            ("reason", letter.reason),
+            ("error", letter.error.as_str()),
+            ("source_topic", message.topic()),
+            ("source_partition", partition.as_str()),
+            ("source_offset", offset.as_str()),
+            ("attempts", attempts.as_str()),
+            ("dead_lettered_at_ms", &intake_common::config::now_ms().to_string()),
+        ] {
+            headers = headers.insert(Header { key, value: Some(value) });
         }
+        if let Some(request_id) = request_id(message) {
+            headers = headers.insert(Header { key: "request_id", value: Some(request_id) });
+        }
+        let send = || async {
+            let record = FutureRecord::to(&self.settings.kafka.dlq_topic)
+                .key(message.key().unwrap_or_default())
+                .payload(message.payload().unwrap_or_default())
+                .headers(headers.clone());
+            self.producer.send(record, Duration::ZERO).await.map(|_| ()).map_err(|(error, _)| error)
+        };
+        match self.settings.policy.run("dead_letter", &self.metrics, None, shutdown, send).await {
+            Ok(()) => {
+                self.metrics.dead_lettered.get_or_create(&metrics::Reason { reason: letter.reason }).inc();
+                tracing::error!(reason = letter.reason, error = %letter.error, partition = message.partition(), offset = message.offset(), "message dead-lettered");
+                Ok(())
+            }
+            Err(Stop::GaveUp { error, .. }) => {
+                self.metrics.dead_lettered.get_or_create(&metrics::Reason { reason: "dead_letter_refused" }).inc();
+                tracing::error!(%error, partition = message.partition(), offset = message.offset(), "dead-letter topic refused the message; skipped, replay it from the requests topic");
+                Ok(())
+            }
+            Err(Stop::Interrupted) => Err(Interrupted),
+        }
+    }
+}
+
+/// The gateway's request id, carried in the `request_id` header.
+fn request_id<'a>(message: &'a BorrowedMessage<'_>) -> Option<&'a str> {
+    let headers = message.headers()?;
+    headers.iter().find(|h| h.key == "request_id").and_then(|h| h.value).and_then(|v| std::str::from_utf8(v).ok())
+}
+
+fn deadline_instant(deadline_ms: i64) -> Instant {
+    let left = deadline_ms.saturating_sub(intake_common::config::now_ms()).max(0);
+    Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
+}
+
+/// Keeps the gauges that need a query up to date: group size and applied_messages rows.
+async fn observe(pool: PgPool, consumer: Arc<WriterConsumer>, group_id: String, metrics: Arc<Metrics>) {
+    loop {
+        let (consumer_ref, group) = (consumer.clone(), group_id.clone());
+        let members = tokio::task::spawn_blocking(move || {
+            consumer_ref
+                .fetch_group_list(Some(&group), Duration::from_secs(5))
+                .ok()
+                .and_then(|list| list.groups().first().map(|g| g.members().len()))
+        })
+        .await;
+        if let Ok(Some(members)) = members {
+            metrics.group_members.set(i64::try_from(members).unwrap_or(i64::MAX));
+        }
+        let rows: Result<f32, _> = sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE relname = 'applied_messages'").fetch_one(&pool).await;
+        if let Ok(rows) = rows {
+            metrics.applied_messages_rows.set(rows.max(0.0) as i64);
+        }
+        tokio::time::sleep(Duration::from_secs(15)).await;
     }
 }
 
@@ -274,14 +382,3 @@ fn reply_payload(correlation_id: &str, outcome: ChunkOutcome) -> Vec<u8> {
     let reply = WriteReply::V1(WriteReplyV1 { correlation_id: correlation_id.to_owned(), outcome });
     serde_json::to_vec(&reply).unwrap_or_default()
 }
-
-async fn pause(duration: Duration, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-    if *shutdown.borrow() {
-        return Err(Interrupted);
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(duration) => Ok(()),
-        _ = shutdown.changed() => Err(Interrupted),
-    }
-}
-

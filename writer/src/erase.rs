@@ -51,7 +51,39 @@ struct Person {
     visitor_id: Option<String>,
     click_id: Option<String>,
     contact_id: Option<String>,
+    email_sha256: Option<String>,
+    phone_sha256: Option<String>,
 }
+
+/// The identifiers of a set of conversions, as arrays to bind.
+#[derive(Default)]
+struct Identifiers {
+    visitor_ids: Vec<String>,
+    click_ids: Vec<String>,
+    contact_ids: Vec<String>,
+    email_hashes: Vec<String>,
+    phone_hashes: Vec<String>,
+}
+
+impl Identifiers {
+    fn of(people: &[Person]) -> Self {
+        let collect = |field: fn(&Person) -> &Option<String>| {
+            let mut values: Vec<String> = people.iter().filter_map(|p| field(p).clone()).collect();
+            values.sort_unstable();
+            values.dedup();
+            values
+        };
+        Identifiers {
+            visitor_ids: collect(|p| &p.visitor_id),
+            click_ids: collect(|p| &p.click_id),
+            contact_ids: collect(|p| &p.contact_id),
+            email_hashes: collect(|p| &p.email_sha256),
+            phone_hashes: collect(|p| &p.phone_sha256),
+        }
+    }
+}
+
+const PERSON_COLUMNS: &str = "id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256";
 
 pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
     let (condition, value) = identifier.condition()?;
@@ -62,26 +94,34 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
     if exists.is_none() {
         bail!("no workspace {workspace_id}");
     }
-    // The person's conversions, and every visitor, click and contact id they carry.
+    // The conversions that carry the identifier...
+    let direct: Vec<Person> =
+        sqlx::query_as(&format!("SELECT {PERSON_COLUMNS} FROM conversions WHERE workspace_id = $1 AND {condition}"))
+            .bind(workspace_id)
+            .bind(&value)
+            .fetch_all(&mut *tx)
+            .await?;
+    // ...and, one step out, those that carry any identifier found on them (DESIGN 8).
+    let found = Identifiers::of(&direct);
     let people: Vec<Person> = sqlx::query_as(&format!(
-        "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id
-           FROM conversions WHERE workspace_id = $1 AND {condition}"
+        "SELECT {PERSON_COLUMNS} FROM conversions
+          WHERE workspace_id = $1
+            AND (id = ANY($2) OR left(visitor_id, 16) = ANY($3) OR contact_id = ANY($4)
+                 OR email_sha256 = ANY($5) OR phone_sha256 = ANY($6))"
     ))
     .bind(workspace_id)
-    .bind(&value)
+    .bind(direct.iter().map(|p| p.id.as_str()).collect::<Vec<_>>())
+    .bind(&found.visitor_ids)
+    .bind(&found.contact_ids)
+    .bind(&found.email_hashes)
+    .bind(&found.phone_hashes)
     .fetch_all(&mut *tx)
     .await?;
     let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
-    let mut visitor_ids: Vec<&str> = people.iter().filter_map(|p| p.visitor_id.as_deref()).collect();
-    let click_ids: Vec<&str> = people.iter().filter_map(|p| p.click_id.as_deref()).collect();
-    let mut contact_ids: Vec<&str> = people.iter().filter_map(|p| p.contact_id.as_deref()).collect();
-    let short_visitor: String;
+    let mut all = Identifiers::of(&people);
     match &identifier {
-        Identifier::VisitorId(id) => {
-            short_visitor = id.chars().take(16).collect();
-            visitor_ids.push(&short_visitor);
-        }
-        Identifier::ContactId(id) => contact_ids.push(id),
+        Identifier::VisitorId(id) => all.visitor_ids.push(id.chars().take(16).collect()),
+        Identifier::ContactId(id) => all.contact_ids.push(id.clone()),
         _ => {}
     }
 
@@ -91,9 +131,9 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
                  OR id IN (SELECT visit_id FROM conversion_matches WHERE conversion_id = ANY($5)))",
     )
     .bind(workspace_id)
-    .bind(&visitor_ids)
-    .bind(&click_ids)
-    .bind(&contact_ids)
+    .bind(&all.visitor_ids)
+    .bind(&all.click_ids)
+    .bind(&all.contact_ids)
     .bind(&conversion_ids)
     .execute(&mut *tx)
     .await?
@@ -117,4 +157,25 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
         .await?;
     tx.commit().await?;
     Ok(json!({ "conversions": conversions, "visits": visits }))
+}
+
+/// The identifier's value: the first line of `file`, or of standard input. Never an argument:
+/// argv is visible to every user of the machine (DESIGN 8).
+pub fn read_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    match file {
+        Some(path) => {
+            let file = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("--from {}: {e}", path.display()))?;
+            std::io::BufReader::new(file).read_line(&mut line)?;
+        }
+        None => {
+            std::io::stdin().lock().read_line(&mut line)?;
+        }
+    }
+    let value = line.trim_end_matches(['\n', '\r']);
+    if value.trim().is_empty() {
+        bail!("no identifier: give its value on standard input or in --from FILE, one line");
+    }
+    Ok(value.to_owned())
 }

@@ -5,15 +5,20 @@
 mod admin;
 mod consume;
 mod erase;
+mod health;
+mod metrics;
+mod ops;
 mod plan;
 mod replay;
+mod retry;
 mod store;
 mod topics;
 
 use clap::{Parser, Subcommand};
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
 use serde_json::{json, Value};
-use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
 #[derive(Parser)]
@@ -47,6 +52,16 @@ enum Command {
         /// Hours an applied message id is remembered (at least the requests topic's retention).
         #[arg(long, env = "INTAKE_REMEMBER_APPLIED_HOURS", default_value_t = 168)]
         remember_applied_hours: u64,
+        /// Address of /healthz, /readyz and /metrics.
+        #[arg(long, env = "INTAKE_WRITER_OPS_LISTEN", default_value = "127.0.0.1:8091")]
+        ops_listen: std::net::SocketAddr,
+        /// A writer holding partitions with lag and no progress for this long is stalled: not
+        /// ready, not healthy (an orchestrator restarts it), intake_writer_stalled = 1.
+        #[arg(long, env = "INTAKE_WRITER_STALL_TIMEOUT_MS", default_value_t = 60_000)]
+        stall_timeout_ms: u64,
+        /// At SIGTERM, how long the final offset commit and leaving the group may wait for Kafka.
+        #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
+        shutdown_timeout_ms: u64,
     },
     /// Creates the requests, replies and dead-letter topics (existing ones are left alone).
     Topics {
@@ -98,31 +113,36 @@ enum Command {
         #[command(flatten)]
         database: DatabaseArgs,
     },
-    /// Erases one person's data; prints {"conversions": N, "visits": M}.
+    /// Erases one person's data; prints {"conversions": N, "visits": M}. The identifier's value
+    /// is read from standard input (one line) or --from FILE, never from the command line.
     Erase {
         #[arg(long)]
         workspace: String,
         #[command(flatten)]
-        identifier: EraseIdentifier,
+        kind: EraseKind,
         /// Default region of --phone.
         #[arg(long, requires = "phone")]
         country: Option<String>,
+        /// A file whose first line is the identifier's value (default: standard input).
+        #[arg(long)]
+        from: Option<std::path::PathBuf>,
         #[command(flatten)]
         database: DatabaseArgs,
     },
 }
 
+/// Which identifier the value on standard input is.
 #[derive(clap::Args)]
 #[group(required = true, multiple = false)]
-struct EraseIdentifier {
+struct EraseKind {
     #[arg(long)]
-    email: Option<String>,
+    email: bool,
     #[arg(long)]
-    phone: Option<String>,
+    phone: bool,
     #[arg(long)]
-    contact_id: Option<String>,
+    contact_id: bool,
     #[arg(long)]
-    visitor_id: Option<String>,
+    visitor_id: bool,
 }
 
 #[derive(Subcommand)]
@@ -156,17 +176,19 @@ enum KeyCommand {
 }
 
 #[tokio::main]
-async fn main() -> ExitCode {
+async fn main() {
     let cli = Cli::parse();
     init_logging(&cli.log);
+    // An explicit exit: a blocking task still waiting for an unreachable broker at shutdown
+    // must not hold the process (the writer's shutdown is bounded, DESIGN 10).
     match execute(cli.command).await {
         Ok(output) => {
             println!("{output}");
-            ExitCode::SUCCESS
+            std::process::exit(0)
         }
         Err(error) => {
             eprintln!("intake-writer: {error:#}");
-            ExitCode::FAILURE
+            std::process::exit(1)
         }
     }
 }
@@ -178,20 +200,28 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             sqlx::migrate!("../migrations").run(&pool).await?;
             Ok(json!({ "migrated": true }))
         }
-        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours } => {
-            let pool = store::connect(&database.url, database.pool_size).await?;
+        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours, ops_listen, stall_timeout_ms, shutdown_timeout_ms } => {
+            // Lazy: a writer started while PostgreSQL is down waits for it (the retry policy).
+            let pool = store::connect_lazy(&database.url, database.pool_size)?;
+            let metrics = Arc::new(metrics::Metrics::new());
+            let health = health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
+            tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
             let (stop, shutdown) = watch::channel(false);
+            let signalled = health.clone();
             tokio::spawn(async move {
                 intake_common::service::shutdown_signal().await;
-                tracing::info!("shutdown requested; finishing the message in hand");
+                tracing::info!("shutdown requested; finishing the messages in hand");
+                signalled.shutting_down();
                 let _ = stop.send(true);
             });
-            consume::run(pool, consume::Settings {
+            let settings = consume::Settings {
                 kafka,
                 group_id,
-                max_attempts,
-                remember_applied: std::time::Duration::from_secs(remember_applied_hours * 3600),
-            }, shutdown).await?;
+                remember_applied: Duration::from_secs(remember_applied_hours * 3600),
+                policy: retry::Policy { max_attempts, first_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(5) },
+                shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
+            };
+            consume::run(pool, settings, health, shutdown).await?;
             Ok(json!({ "stopped": true }))
         }
         Command::Topics { kafka, request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms } => {
@@ -223,15 +253,16 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
             replay::replay(&pool, &kafka, &topic, start).await
         }
-        Command::Erase { workspace, identifier, country, database } => {
-            let pool = store::connect(&database.url, 1).await?;
-            let identifier = match identifier {
-                EraseIdentifier { email: Some(email), .. } => erase::Identifier::Email(email),
-                EraseIdentifier { phone: Some(number), .. } => erase::Identifier::Phone { number, country },
-                EraseIdentifier { contact_id: Some(id), .. } => erase::Identifier::ContactId(id),
-                EraseIdentifier { visitor_id: Some(id), .. } => erase::Identifier::VisitorId(id),
+        Command::Erase { workspace, kind, country, from, database } => {
+            let value = erase::read_value(from.as_deref())?;
+            let identifier = match kind {
+                EraseKind { email: true, .. } => erase::Identifier::Email(value),
+                EraseKind { phone: true, .. } => erase::Identifier::Phone { number: value, country },
+                EraseKind { contact_id: true, .. } => erase::Identifier::ContactId(value),
+                EraseKind { visitor_id: true, .. } => erase::Identifier::VisitorId(value),
                 _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
             };
+            let pool = store::connect(&database.url, 1).await?;
             erase::erase(&pool, &workspace, identifier).await
         }
         Command::Key { command, database } => {

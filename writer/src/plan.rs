@@ -27,6 +27,11 @@ pub struct Fields {
 }
 
 impl Fields {
+    /// What visit matching reads (DESIGN 8): matches are recomputed only when one of these changes.
+    fn matching_inputs(&self) -> (&Option<String>, &Option<String>, &Option<String>, i64) {
+        (&self.visitor_id, &self.click_id, &self.contact_id, self.occurred_at_ms)
+    }
+
     /// The stored values after a send: a field the send carries replaces the stored one; a field
     /// it omits (or sent null or "") keeps it.
     fn merged_with(&self, item: &Conversion) -> Fields {
@@ -66,6 +71,8 @@ pub struct Write {
     pub row: StoredConversion,
     /// When the gateway received the last send that changed the row (the 90-day matching rule).
     pub received_at_ms: i64,
+    /// Created, or a matching input changed: its visit matches are computed again.
+    pub rematch: bool,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +110,8 @@ struct ChunkState {
     by_parent: HashMap<String, Vec<usize>>,
     /// Rows created or changed, with when their last change was received.
     changed: BTreeMap<usize, i64>,
+    /// Rows whose visit matches must be computed again.
+    rematch: BTreeSet<usize>,
     chains: Chains,
     new_chains: Vec<String>,
 }
@@ -115,6 +124,7 @@ impl ChunkState {
             by_external_id: HashMap::new(),
             by_parent: HashMap::new(),
             changed: BTreeMap::new(),
+            rematch: BTreeSet::new(),
             chains: Chains::default(),
             new_chains: Vec::new(),
         };
@@ -144,6 +154,9 @@ impl ChunkState {
                 if merged == self.rows[index].fields {
                     (index, WriteResult::Unchanged)
                 } else {
+                    if merged.matching_inputs() != self.rows[index].fields.matching_inputs() {
+                        self.rematch.insert(index);
+                    }
                     self.set_fields(index, merged);
                     self.changed.insert(index, *received_at_ms);
                     (index, WriteResult::Updated)
@@ -159,6 +172,7 @@ impl ChunkState {
                 };
                 let index = self.insert(row);
                 self.changed.insert(index, *received_at_ms);
+                self.rematch.insert(index);
                 (index, WriteResult::Created)
             }
         };
@@ -225,7 +239,7 @@ impl ChunkState {
             .map(|(&index, &received_at_ms)| {
                 let mut row = self.rows[index].clone();
                 row.chain_id = self.chains.find(&row.chain_id);
-                Write { row, received_at_ms }
+                Write { row, received_at_ms, rematch: self.rematch.contains(&index) }
             })
             .collect();
         Plan { results, writes, new_chains: self.new_chains, merges: self.chains.merges() }

@@ -21,6 +21,11 @@ pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
         .await
 }
 
+/// A pool that connects when first used, so that a writer can start while PostgreSQL is away.
+pub fn connect_lazy(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new().max_connections(pool_size).acquire_timeout(Duration::from_secs(5)).connect_lazy(url)
+}
+
 pub struct Applied {
     pub results: Vec<ItemResult>,
     /// False when the message had been applied before and these are its first results.
@@ -272,6 +277,8 @@ const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 /// by click id, and by contact id against the visit's recipient id; visits at or before
 /// `occurred_at` and within 90 days of it. Two statements per chunk.
 async fn match_visits(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, writes: &[plan::Write]) -> Result<(), sqlx::Error> {
+    // Only rows whose matching inputs changed: a new value or tag keeps the matches it has.
+    let writes: Vec<&plan::Write> = writes.iter().filter(|w| w.rematch).collect();
     if writes.is_empty() {
         return Ok(());
     }
@@ -311,18 +318,4 @@ async fn match_visits(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, wr
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-/// A failure that may pass by itself (the database unreachable, restarting, overloaded, or a
-/// serialization conflict), as opposed to one that retrying cannot cure.
-pub fn is_transient(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            let code = code.as_ref();
-            code.starts_with("08") || code.starts_with("53") || code.starts_with("57") || code == "40001" || code == "40P01"
-        }),
-        _ => false,
-    }
 }

@@ -12,6 +12,22 @@ struct Db {
 
 impl Db {
     fn send(&mut self, inputs: &[Value]) -> Vec<ItemResult> {
+        let plan = self.plan(inputs);
+        for (merged, into) in &plan.merges {
+            for row in self.rows.iter_mut().filter(|row| &row.chain_id == merged) {
+                row.chain_id = into.clone();
+            }
+        }
+        for Write { row: write, .. } in plan.writes {
+            match self.rows.iter_mut().find(|row| row.event == write.event && row.external_id == write.external_id) {
+                Some(row) => *row = write,
+                None => self.rows.push(write),
+            }
+        }
+        plan.results
+    }
+
+    fn plan(&self, inputs: &[Value]) -> Plan {
         let items: Vec<Conversion> = inputs
             .iter()
             .map(|input| validate_conversion(input, NOW_MS).map(|v| v.conversion).unwrap_or_else(|e| panic!("{e:?}")))
@@ -29,19 +45,7 @@ impl Db {
             .cloned()
             .collect();
         let items: Vec<Item<'_>> = items.iter().map(|conversion| Item { conversion, received_at_ms: NOW_MS }).collect();
-        let plan = plan_chunk(&items, related);
-        for (merged, into) in &plan.merges {
-            for row in self.rows.iter_mut().filter(|row| &row.chain_id == merged) {
-                row.chain_id = into.clone();
-            }
-        }
-        for Write { row: write, .. } in plan.writes {
-            match self.rows.iter_mut().find(|row| row.event == write.event && row.external_id == write.external_id) {
-                Some(row) => *row = write,
-                None => self.rows.push(write),
-            }
-        }
-        plan.results
+        plan_chunk(&items, related)
     }
 
     fn chains(&self) -> BTreeSet<String> {
@@ -182,4 +186,25 @@ fn omitted_null_and_empty_fields_keep_stored_values() {
     assert_eq!(db.send(&[tags])[0].result, WriteResult::Updated);
     assert_eq!(db.rows[0].fields.tags, Some(BTreeMap::from([("plan".to_owned(), "basic".to_owned())])));
     assert_eq!(db.rows[0].fields.hdyhau.as_deref(), Some("radio"));
+}
+
+#[test]
+fn visit_matches_are_recomputed_only_when_a_matching_input_changes() {
+    let mut db = Db::default();
+    let mut first = stage("lead", "A", None);
+    first["visitor_id"] = json!("abcdEFGH1234_-xy");
+    let created = db.plan(&[first.clone()]);
+    assert!(created.writes.iter().all(|w| w.rematch), "a new conversion is matched");
+    db.send(&[first.clone()]);
+    let rematch = |db: &Db, field: &str, value: Value| {
+        let mut input = first.clone();
+        input[field] = value;
+        db.plan(&[input]).writes.iter().map(|w| w.rematch).collect::<Vec<_>>()
+    };
+    assert_eq!(rematch(&db, "value", json!("99")), vec![false], "a new value keeps the matches");
+    assert_eq!(rematch(&db, "tags", json!({"plan": "x"})), vec![false]);
+    assert_eq!(rematch(&db, "visitor_id", json!("zzzzEFGH1234_-xy")), vec![true]);
+    assert_eq!(rematch(&db, "click_id", json!("abcDEF123456")), vec![true]);
+    assert_eq!(rematch(&db, "contact_id", json!("crm-1")), vec![true]);
+    assert_eq!(rematch(&db, "occurred_at", json!("2026-01-01T00:00:00Z")), vec![true]);
 }

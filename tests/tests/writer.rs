@@ -1,0 +1,75 @@
+//! The writer's failure handling (DESIGN 2.5): no single message can stop a writer; what
+//! retrying cannot cure is answered, dead-lettered with its reasons, and skipped.
+
+use intake_tests::serde_json::json;
+use intake_tests::{conversion, produce_request, topic_headers, Stack};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn a_message_whose_reply_partition_does_not_exist_does_not_stop_the_writer() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let input = conversion("lead");
+    produce_request(&topic, &key.workspace_id, 99, &input).await;
+
+    // The same workspace, so the same partition, right behind it.
+    let started = Instant::now();
+    let next = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!(next.status, 201, "{next:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "served at once: {:?}", started.elapsed());
+    // The orphan message itself was applied: its reply was given up on, not its data.
+    let resent = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!(resent.body["conversion"]["result"], json!("unchanged"), "{resent:?}");
+}
+
+#[tokio::test]
+async fn a_message_that_always_fails_is_dead_lettered_with_its_reasons_and_skipped() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let topic = format!("{}.requests", stack.topic_prefix);
+    // A workspace that does not exist: the foreign key refuses it however often it is tried.
+    produce_request(&topic, &key.workspace_id.replace("ws_", "ws_missing"), 1, &conversion("lead")).await;
+    produce_request(&topic, "ws_does_not_exist", 1, &conversion("lead")).await;
+
+    let started = Instant::now();
+    let next = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!(next.status, 201, "{next:?}");
+    assert!(started.elapsed() < Duration::from_secs(8), "the writer went on: {:?}", started.elapsed());
+
+    let letters = topic_headers(&format!("{topic}.dlq"), 2, Duration::from_secs(20));
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    for letter in &letters {
+        assert_eq!(letter.get("reason").map(String::as_str), Some("apply_failed"), "{letter:?}");
+        assert!(letter.get("error").is_some_and(|e| e.contains("foreign key")), "{letter:?}");
+        assert_eq!(letter.get("source_topic"), Some(&topic));
+        assert!(letter.get("source_partition").is_some_and(|p| p.parse::<i32>().is_ok()), "{letter:?}");
+        assert!(letter.get("source_offset").is_some_and(|o| o.parse::<i64>().is_ok()), "{letter:?}");
+        assert_eq!(letter.get("attempts").map(String::as_str), Some("3"), "{letter:?}");
+    }
+    let metrics = stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await.unwrap_or_else(|e| panic!("{e}"));
+    let text = metrics.text().await.unwrap_or_default();
+    assert!(text.contains(r#"intake_writer_dead_lettered_total{reason="apply_failed"} 2"#), "{text}");
+}
+
+#[tokio::test]
+async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let ops = &stack.writer_ops_urls[0];
+    let ready = stack.http.get(format!("{ops}/readyz")).send().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ready.status(), 200, "a writer in the group is ready");
+    let batch: Vec<_> = (0..30).map(|_| conversion("lead")).collect();
+    assert_eq!(stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await.status, 200);
+    let text = stack.http.get(format!("{ops}/metrics")).send().await.unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default();
+    for expected in [
+        r#"intake_writer_items_total{result="created"} 30"#,
+        r#"intake_writer_messages_total{outcome="applied"} 1"#,
+        "intake_writer_assigned_partitions 4",
+        "intake_writer_stalled 0",
+        "intake_writer_apply_seconds_count 1",
+    ] {
+        assert!(text.contains(expected), "{expected} in {text}");
+    }
+    assert_eq!(stack.http.get(format!("{ops}/healthz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0), 200);
+}

@@ -1,0 +1,93 @@
+//! Prometheus metrics of the writer, served on its ops port (`ops.rs`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Partition {
+    pub partition: i32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ItemResult {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct What {
+    pub what: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Messages of the requests topic not yet applied, per assigned partition.
+    pub consumer_lag: Family<Partition, Gauge>,
+    pub assigned_partitions: Gauge,
+    pub group_members: Gauge,
+    /// 1 while the writer holds partitions with lag and has made no progress for the stall
+    /// timeout (DESIGN 10: an orchestrator restarts it).
+    pub stalled: Gauge,
+    /// Messages answered: applied (first time), already_applied (redelivery), failed.
+    pub messages: Family<Outcome, Counter>,
+    pub items: Family<ItemResult, Counter>,
+    /// Seconds to apply one group of messages (one transaction).
+    pub apply_seconds: Histogram,
+    pub transient_retries: Family<What, Counter>,
+    pub dead_lettered: Family<Reason, Counter>,
+    /// Replies that could not be delivered and were given up on (the gateway answered 500).
+    pub replies_dropped: Counter,
+    /// Rows of applied_messages (PostgreSQL's estimate).
+    pub applied_messages_rows: Gauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("intake_writer");
+        let metrics = Metrics {
+            consumer_lag: Family::default(),
+            assigned_partitions: Gauge::default(),
+            group_members: Gauge::default(),
+            stalled: Gauge::default(),
+            messages: Family::default(),
+            items: Family::default(),
+            apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            transient_retries: Family::default(),
+            dead_lettered: Family::default(),
+            replies_dropped: Counter::default(),
+            applied_messages_rows: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("consumer_lag", "Messages not yet applied, per assigned partition", metrics.consumer_lag.clone());
+        registry.register("assigned_partitions", "Partitions of the requests topic this writer holds", metrics.assigned_partitions.clone());
+        registry.register("group_members", "Writers in the consumer group", metrics.group_members.clone());
+        registry.register("stalled", "1 while partitions with lag make no progress", metrics.stalled.clone());
+        registry.register("messages", "Request messages answered, by outcome", metrics.messages.clone());
+        registry.register("items", "Conversions applied, by result", metrics.items.clone());
+        registry.register("apply_seconds", "Time to apply one group of messages", metrics.apply_seconds.clone());
+        registry.register("transient_retries", "Retries through an outage, by operation", metrics.transient_retries.clone());
+        registry.register("dead_lettered", "Messages copied to the dead-letter topic, by reason", metrics.dead_lettered.clone());
+        registry.register("replies_dropped", "Replies given up on after their deadline", metrics.replies_dropped.clone());
+        registry.register("applied_messages_rows", "Rows of applied_messages (estimate)", metrics.applied_messages_rows.clone());
+        Metrics { registry, ..metrics }
+    }
+
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}

@@ -1,0 +1,53 @@
+//! The writer's ops port: `/healthz` (alive and not stalled: a liveness probe restarts a stalled
+//! writer), `/readyz` (in the group, not stalled, not shutting down) and Prometheus `/metrics`.
+
+use crate::health::{Health, NotReady};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+pub async fn serve(listener: TcpListener, health: Arc<Health>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let health = health.clone();
+        let service = service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            let response = answer(&health, request.uri().path());
+            async move { Ok::<_, Infallible>(response) }
+        });
+        tokio::spawn(async move {
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/healthz" if health.stalled() => (503, "application/json", r#"{"status":"stalled"}"#.to_owned()),
+        "/healthz" => (200, "application/json", r#"{"status":"ok"}"#.to_owned()),
+        "/readyz" => match health.ready() {
+            Ok(()) => (200, "application/json", r#"{"status":"ready"}"#.to_owned()),
+            Err(reason) => {
+                let reason = match reason {
+                    NotReady::ShuttingDown => "shutting_down",
+                    NotReady::NotInGroup => "not_in_group",
+                    NotReady::Stalled => "stalled",
+                };
+                (503, "application/json", format!(r#"{{"status":"not_ready","reason":"{reason}"}}"#))
+            }
+        },
+        "/metrics" => {
+            health.stalled(); // refreshes the stalled gauge
+            (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", health.metrics.render())
+        }
+        _ => (404, "application/json", r#"{"error":"not found"}"#.to_owned()),
+    };
+    let mut response = http::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    response
+}
