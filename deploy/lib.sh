@@ -90,8 +90,15 @@ start_postgres() {
     fi
     [ "$(id -u)" = 0 ] && chown postgres:postgres "$LOGS" && touch "$LOGS/postgres.log" && chown postgres "$LOGS/postgres.log"
     say "starting PostgreSQL on 127.0.0.1:$PG_PORT"
-    as_postgres "$(pg_bin pg_ctl)" -D "$data" -l "$LOGS/postgres.log" -w \
-        -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300" start >/dev/null
+    # After a SIGKILL of the postmaster its backends take a moment to notice and release the
+    # shared memory; until then a new postmaster refuses to start. Try again for a while.
+    local attempt
+    for attempt in $(seq 20); do
+        as_postgres "$(pg_bin pg_ctl)" -D "$data" -l "$LOGS/postgres.log" -w \
+            -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300" start >/dev/null && break
+        [ "$attempt" = 20 ] && { tail -n 20 "$LOGS/postgres.log" >&2; return 1; }
+        sleep 1
+    done
     # Beside the others, so that every process of the stack has its pid in $RUN.
     head -n 1 "$data/postmaster.pid" >"$RUN/postgres.pid"
 }

@@ -13,7 +13,7 @@ export DATABASE_URL="$(database_url intake)"
 "$BIN/intake-writer" migrate >/dev/null
 "$BIN/intake-writer" topics >/dev/null  # partition counts: INTAKE_REQUEST_PARTITIONS, INTAKE_REPLY_PARTITIONS
 
-start_process writer "$BIN/intake-writer" run
+start_process writer "$BIN/intake-writer" run --ops-listen 127.0.0.1:8091
 start_process gateway "$BIN/intake-gateway" --listen 127.0.0.1:8080 --ops-listen 127.0.0.1:8081 --reply-partition 0
 wait_for "gateway" 60 curl -fsS http://127.0.0.1:8081/readyz
 
@@ -25,7 +25,8 @@ key="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["secret"]
 
 cat <<TXT
 
-intake is running: API http://127.0.0.1:8080/v1, ops http://127.0.0.1:8081/metrics
+intake is running: API http://127.0.0.1:8080/v1
+Ops: gateway http://127.0.0.1:8081/{healthz,readyz,metrics}, writer http://127.0.0.1:8091/{healthz,readyz,metrics}
 Logs: $LOGS   Stop: deploy/down.sh
 Demo key: $key
 

@@ -68,3 +68,45 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
     assert!(by_offset.is_ok(), "{by_offset:?}");
     assert!(stack.run_writer_command(&["replay"]).is_err(), "a start is required");
 }
+
+#[tokio::test]
+async fn workspace_list_and_key_list_show_no_secret() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let listed = stack.run_writer_command(&["workspace", "list"]).unwrap_or_else(|e| panic!("{e:#}"));
+    let ours = listed["workspaces"].as_array().and_then(|all| all.iter().find(|w| w["id"] == json!(key.workspace_id)).cloned());
+    let ours = ours.unwrap_or_else(|| panic!("the new workspace is listed: {listed}"));
+    assert_eq!((ours["status"].clone(), ours["sites"].clone(), ours["deleted"].clone()), (json!("active"), json!(["shop.example"]), json!(false)));
+    stack.run_writer_command(&["key", "revoke", &key.key_id]).unwrap_or_else(|e| panic!("{e:#}"));
+    let keys = stack.run_writer_command(&["key", "list", "--workspace", &key.workspace_id]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(keys["keys"][0]["id"], json!(key.key_id));
+    assert_eq!(keys["keys"][0]["revoked"], json!(true));
+    assert_eq!(keys["keys"][0]["scopes"], json!(["workspace:read", "conversions:write"]));
+    assert!(!keys.to_string().contains(&key.secret) && !keys.to_string().contains("secret"), "{keys}");
+    assert!(stack.run_writer_command(&["key", "list", "--workspace", "ws_nope"]).is_err());
+}
+
+#[tokio::test]
+async fn dlq_inspect_shows_reasons_and_sources_but_no_identifier() {
+    let stack = Stack::start().await;
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let mut input = conversion("lead");
+    input["email"] = json!("dead.letter@example.com");
+    intake_tests::produce_request(&topic, "ws_missing_workspace", 1, &input).await;
+    let mut inspected = Value::Null;
+    for _ in 0..100 {
+        inspected = stack.run_writer_command(&["dlq", "inspect"]).unwrap_or_else(|e| panic!("{e:#}"));
+        if inspected["total"] == json!(1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let letter = &inspected["messages"][0];
+    assert_eq!(letter["reason"], json!("apply_failed"), "{inspected}");
+    assert_eq!(letter["source_topic"], json!(topic));
+    assert_eq!(letter["workspace_id"], json!("ws_missing_workspace"));
+    assert_eq!(letter["items"], json!(1));
+    assert!(letter["age_seconds"].as_i64().is_some_and(|age| age >= 0));
+    let email_hash = intake_common::normalize::email_hash("dead.letter@example.com").map(|h| h.as_str().to_owned()).unwrap_or_default();
+    assert!(!inspected.to_string().contains(&email_hash), "no hash is printed");
+}

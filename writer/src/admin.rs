@@ -103,3 +103,35 @@ pub async fn revoke_key(pool: &PgPool, id: &str) -> anyhow::Result<Value> {
     }
     Ok(json!({ "id": id, "revoked": true }))
 }
+
+/// Every workspace, oldest first: `{"workspaces": [{id, name, project_id, status, site_restriction, sites, created_at, deleted}]}`.
+pub async fn list_workspaces(pool: &PgPool) -> anyhow::Result<Value> {
+    let rows: Vec<(Value,)> = sqlx::query_as(
+        "SELECT json_build_object(
+                    'id', w.id, 'name', w.name, 'project_id', w.project_id, 'status', w.status,
+                    'site_restriction', w.site_restriction,
+                    'sites', COALESCE((SELECT json_agg(s.host ORDER BY s.host) FROM sites s WHERE s.workspace_id = w.id), '[]'),
+                    'created_at', w.created_at, 'deleted', w.deleted_at IS NOT NULL)
+           FROM workspaces w ORDER BY w.created_at, w.id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(json!({ "workspaces": rows.into_iter().map(|(row,)| row).collect::<Vec<_>>() }))
+}
+
+/// A workspace's keys, never their secrets (only a hash is stored anyway):
+/// `{"keys": [{id, scopes, created_at, revoked}]}`.
+pub async fn list_keys(pool: &PgPool, workspace_id: &str) -> anyhow::Result<Value> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1").bind(workspace_id).fetch_optional(pool).await?;
+    if exists.is_none() {
+        bail!("no workspace {workspace_id}");
+    }
+    let rows: Vec<(Value,)> = sqlx::query_as(
+        "SELECT json_build_object('id', id, 'scopes', scopes, 'created_at', created_at, 'revoked', revoked_at IS NOT NULL)
+           FROM api_keys WHERE workspace_id = $1 ORDER BY created_at, id",
+    )
+    .bind(workspace_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(json!({ "keys": rows.into_iter().map(|(row,)| row).collect::<Vec<_>>() }))
+}

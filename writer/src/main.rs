@@ -4,6 +4,7 @@
 
 mod admin;
 mod consume;
+mod dlq;
 mod erase;
 mod health;
 mod metrics;
@@ -80,6 +81,13 @@ enum Command {
         #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000)]
         retention_ms: i64,
     },
+    /// The dead-letter topic.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+        #[command(flatten)]
+        kafka: KafkaArgs,
+    },
     Workspace {
         #[command(subcommand)]
         command: WorkspaceCommand,
@@ -146,7 +154,20 @@ struct EraseKind {
 }
 
 #[derive(Subcommand)]
+enum DlqCommand {
+    /// Prints {"topic", "total", "messages": [{partition, offset, reason, error, source_topic,
+    /// source_partition, source_offset, attempts, age_seconds, workspace_id, items}]}; never the items.
+    Inspect {
+        /// Messages printed at most.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand)]
 enum WorkspaceCommand {
+    /// Prints {"workspaces": [...]}.
+    List,
     /// Prints {"id": "ws_..."}.
     Create {
         #[arg(long)]
@@ -173,6 +194,11 @@ enum KeyCommand {
         scopes: Vec<String>,
     },
     Revoke { id: String },
+    /// Prints {"keys": [{id, scopes, created_at, revoked}]}; never a secret.
+    List {
+        #[arg(long)]
+        workspace: String,
+    },
 }
 
 #[tokio::main]
@@ -228,12 +254,14 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let counts = topics::TopicCounts { request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms };
             topics::create_topics(&kafka, &counts).await
         }
+        Command::Dlq { command: DlqCommand::Inspect { limit }, kafka } => tokio::task::block_in_place(|| dlq::inspect(&kafka, limit)),
         Command::Workspace { command, database } => {
             let pool = store::connect(&database.url, 1).await?;
             match command {
                 WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
                     admin::create_workspace(&pool, admin::NewWorkspace { name, project_id, site_restriction, sites }).await
                 }
+                WorkspaceCommand::List => admin::list_workspaces(&pool).await,
                 WorkspaceCommand::Suspend { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Suspend).await,
                 WorkspaceCommand::Resume { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await,
                 WorkspaceCommand::Delete { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await,
@@ -270,6 +298,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             match command {
                 KeyCommand::Create { workspace, scopes } => admin::create_key(&pool, &workspace, &scopes).await,
                 KeyCommand::Revoke { id } => admin::revoke_key(&pool, &id).await,
+                KeyCommand::List { workspace } => admin::list_keys(&pool, &workspace).await,
             }
         }
     }
