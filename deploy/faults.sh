@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The fault harness: a private PostgreSQL, Redis and three-node Kafka cluster (replication 3,
+# min.insync.replicas 2) under a scratch folder, then tests/src/bin/faults.rs: 2 gateways,
+# 2 writers, a supervisor, mixed traffic with a ledger of every acknowledged item, one fault per
+# scenario, and a check of PostgreSQL against the ledger. One JSON line per scenario; exits 1 if
+# anything acknowledged is missing or wrong, or writes do not come back.
+#
+#   deploy/faults.sh                       every scenario, 15 s outages
+#   deploy/faults.sh --short               the shortened form the test suite runs
+#   deploy/faults.sh --seed=7 --outage-s=20 --scenarios=writer_kill,postgres_stop
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
+chmod 755 "$SCRATCH"
+# Everything of the harness's own lives in the scratch folder, on ports of its own.
+export INTAKE_HOME="$SCRATCH" INTAKE_PG_PORT="${FAULTS_PG_PORT:-35432}" INTAKE_REDIS_PORT="${FAULTS_REDIS_PORT:-36379}"
+source "$HERE/lib.sh"
+KAFKA_BASE="${FAULTS_KAFKA_BASE_PORT:-35092}"
+PARTITION_USER=intake-faults
+
+args=("$@")
+if [ "${1:-}" = --short ]; then
+    args=(--scenarios=writer_kill,broker_leader_kill,postgres_stop --outage-s=8)
+fi
+
+cleanup() {
+    set +e
+    iptables -D OUTPUT -o lo -p tcp -m owner --uid-owner "$PARTITION_USER" --dport "$KAFKA_BASE:$((KAFKA_BASE + 12))" -j DROP 2>/dev/null
+    for pid in "$SCRATCH"/kafka/run/*.pid; do [ -f "$pid" ] && kill -KILL "$(cat "$pid")" 2>/dev/null; done
+    redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
+    as_postgres "$(pg_bin pg_ctl)" -D "$SCRATCH/pg" -m immediate stop >/dev/null 2>&1
+    [ -n "${FAULTS_KEEP:-}" ] || rm -rf "$SCRATCH"
+}
+trap cleanup EXIT
+
+install_packages
+command -v iptables >/dev/null || { as_root apt-get update -qq; as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null; }
+id -u "$PARTITION_USER" >/dev/null 2>&1 || as_root useradd --system --no-create-home --shell /usr/sbin/nologin "$PARTITION_USER"
+install_kafka
+start_postgres
+start_redis
+brokers="$(start_kafka_cluster "$SCRATCH/kafka" "$KAFKA_BASE" | tail -n 1)"
+create_database intake_faults
+
+say "building the harness"
+(cd "$REPO" && cargo build --workspace --bins --quiet)
+# A copy the partitioned writer's user can run (the build folder is under root's home).
+mkdir -p "$SCRATCH/bin"
+cp "$BIN/intake-gateway" "$BIN/intake-writer" "$SCRATCH/bin/"
+chmod -R a+rx "$SCRATCH/bin"
+
+say "running the scenarios (${args[*]:-all})"
+env DATABASE_URL="$(database_url intake_faults)" INTAKE_KAFKA_BROKERS="$brokers" \
+    INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT" INTAKE_BIN_DIR="$SCRATCH/bin" \
+    FAULTS_DIR="$SCRATCH" FAULTS_PG_DATA="$SCRATCH/pg" FAULTS_PG_PORT="$PG_PORT" FAULTS_REDIS_PORT="$REDIS_PORT" \
+    FAULTS_KAFKA_DIR="$SCRATCH/kafka" FAULTS_KAFKA_BASE_PORT="$KAFKA_BASE" FAULTS_LIB="$HERE/lib.sh" \
+    FAULTS_PARTITION_USER="$PARTITION_USER" \
+    "$BIN/faults" "${args[@]}"
