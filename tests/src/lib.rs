@@ -189,6 +189,18 @@ impl Stack {
         self.writers.len()
     }
 
+    /// SIGTERM to one writer; returns how long it took to exit and its status.
+    pub fn terminate_writer(&mut self, index: usize) -> std::thread::JoinHandle<(Duration, Option<std::process::ExitStatus>)> {
+        let mut writer = self.writers.remove(index);
+        self.writer_ops_urls.remove(index);
+        let _ = Command::new("kill").args(["-TERM", &writer.id().to_string()]).status();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            let status = writer.wait().ok();
+            (started.elapsed(), status)
+        })
+    }
+
     /// The partition of the requests topic a workspace's writes go to: librdkafka's default
     /// partitioner (consistent_random: CRC32 of the key).
     pub fn request_partition(&self, workspace_id: &str) -> u32 {
@@ -469,6 +481,13 @@ impl KafkaCluster {
             .unwrap_or_else(|e| panic!("{e}"));
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
         metadata.topics()[0].partitions().iter().find(|p| p.id() as u32 == partition).map(|p| p.leader()).unwrap_or(-1)
+    }
+
+    /// SIGKILL to every node.
+    pub fn kill_all(&self) {
+        for node in 1..=3 {
+            self.kill(node);
+        }
     }
 
     /// SIGKILL to one node.

@@ -70,3 +70,39 @@ async fn the_leader_of_a_request_partition_killed_under_traffic() {
     assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
     assert_ne!(cluster.leader(&topic, stack.request_partition(&keys[0].workspace_id)), leader, "leadership moved");
 }
+
+#[tokio::test]
+async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
+    let mut stack = Stack::start_with(StackOptions { writers: 2, ..unlimited() }).await;
+    let keys = stack.workspaces_on_every_partition();
+    let traffic = Traffic::start(stack.client(), &keys);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopped_at = Instant::now();
+    let exited = stack.terminate_writer(0);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let sent = traffic.stop().await;
+    let (took, status) = tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
+    assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
+    assert!(took < Duration::from_secs(5), "finished its group, committed and left in {took:?}");
+    let report = FaultReport::of(&sent, keys.len(), stopped_at);
+    assert_eq!(report.failed, 0, "no request failed: the partitions moved without waiting for a session timeout: {report:?}");
+    assert!(report.longest < SESSION_TIMEOUT / 2, "{report:?}");
+    let missing = missing_acknowledged(&keys, &sent, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
+}
+
+#[tokio::test]
+async fn a_writer_stopped_with_sigterm_while_every_broker_is_down_exits_in_bounded_time() {
+    let cluster = KafkaCluster::start();
+    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), replication: 3, ..unlimited() };
+    let mut stack = Stack::start_with(options).await;
+    let key = stack.workspace();
+    assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
+    cluster.kill_all();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let exited = stack.terminate_writer(0);
+    let (took, status) = tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
+    assert!(status.is_some(), "the writer exited");
+    // The default shutdown timeout is 10 s; the commit and the group leave wait at most that.
+    assert!(took < Duration::from_secs(15), "exited after {took:?}");
+}

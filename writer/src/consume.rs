@@ -47,7 +47,7 @@ pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shut
     let consumer = Arc::new(consumer);
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
-    tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
+    let observer = tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
     let worker = Worker { pool, producer, metrics: health.metrics.clone(), settings };
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
 
@@ -82,6 +82,7 @@ pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shut
         }
     }
     health.shutting_down();
+    observer.abort();
     let timeout = worker.settings.shutdown_timeout;
     leave_group(consumer, worker, timeout).await;
     tracing::info!("writer stopped");
@@ -97,7 +98,10 @@ async fn leave_group(consumer: Arc<WriterConsumer>, worker: Worker, timeout: Dur
         if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
             tracing::warn!(%error, "final offset commit failed; the last messages may be redelivered");
         }
-        drop(consumer); // closes the consumer: leaves the group
+        // Leaves the group now (even if another handle of the consumer is still alive), so
+        // that the partitions move without waiting for the session timeout.
+        consumer.unsubscribe();
+        drop(consumer);
     });
     if tokio::time::timeout(timeout, closing).await.is_err() {
         tracing::warn!(?timeout, "the broker did not answer in time; exiting without leaving the group");

@@ -375,12 +375,15 @@ impl Harness {
                     signal_kafka(node, "-TERM");
                 }
                 tokio::time::sleep(self.outage).await;
+                // "Started again" is part of the fault; recovery is measured from there.
+                let script = format!("source {} && start_kafka_cluster {} {}", env("FAULTS_LIB"), env("FAULTS_KAFKA_DIR"), env("FAULTS_KAFKA_BASE_PORT"));
+                tokio::task::spawn_blocking(move || shell(&script)).await.unwrap_or(false);
                 self.supervisor.hold_kafka.store(false, Ordering::Relaxed);
             }
             Fault::PostgresStop => {
                 shell(&format!("{} -m immediate stop", pg()));
                 tokio::time::sleep(self.outage).await;
-                let start = format!("{} -w -l {}/pg.log -o \"-c listen_addresses=127.0.0.1 -p {} -k /tmp\" start", pg(), env("FAULTS_DIR"), env("FAULTS_PG_PORT"));
+                let start = format!("{} -w -l {}/logs/postgres.log -o \"-c listen_addresses=127.0.0.1 -p {} -k /tmp\" start", pg(), env("FAULTS_DIR"), env("FAULTS_PG_PORT"));
                 shell(&start);
             }
             Fault::RedisStop => {
