@@ -3,6 +3,7 @@
 
 use intake_tests::serde_json::json;
 use intake_tests::{conversion, produce_request, topic_headers, Stack};
+
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -72,4 +73,44 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
         assert!(text.contains(expected), "{expected} in {text}");
     }
     assert_eq!(stack.http.get(format!("{ops}/healthz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0), 200);
+}
+
+#[tokio::test]
+async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newer_one() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let db = intake_tests::database().await;
+    let (x, y) = (format!("x-{}", ulid::Ulid::new()), format!("y-{}", ulid::Ulid::new()));
+    let function = format!("refuse_{}", ulid::Ulid::new().to_string().to_lowercase());
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.external_id IN ('{x}', '{y}') THEN RAISE EXCEPTION 'refused by test'; END IF; RETURN NEW; END $$;
+         CREATE TRIGGER {function} BEFORE INSERT ON conversions FOR EACH ROW EXECUTE FUNCTION {function}();"
+    ))
+    .execute(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let send = |id: &str, value: &str| {
+        let mut input = conversion("lead");
+        input["external_id"] = json!(id);
+        input["value"] = json!(value);
+        input
+    };
+    let from = (time::OffsetDateTime::now_utc() - time::Duration::minutes(1)).format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    assert_eq!(stack.post("/v1/conversions", &key, &send(&x, "1")).await.status, 500, "dead-lettered");
+    assert_eq!(stack.post("/v1/conversions", &key, &send(&y, "1")).await.status, 500, "dead-lettered");
+    sqlx::raw_sql(&format!("DROP TRIGGER {function} ON conversions; DROP FUNCTION {function}();")).execute(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stack.post("/v1/conversions", &key, &send(&x, "2")).await.status, 201, "the client's later send");
+
+    let dlq = format!("{}.requests.dlq", stack.topic_prefix);
+    let drained = stack.run_writer_command(&["replay", "--topic", &dlq, "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(drained, json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1}));
+    let value = |id: String| {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT value::text FROM conversions WHERE external_id = $1").bind(id).fetch_one(&db).await.unwrap_or_default()
+        }
+    };
+    assert_eq!(value(x.clone()).await, "2", "the newer value stays");
+    assert_eq!(value(y.clone()).await, "1", "what had no newer write is applied");
 }

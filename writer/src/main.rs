@@ -279,7 +279,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 _ => anyhow::bail!("give --partition with --from-offset, or --from-time"),
             };
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
-            replay::replay(&pool, &kafka, &topic, start).await
+            let newer = if topic == kafka.dlq_topic { replay::Newer::Keep } else { replay::Newer::Overwrite };
+            replay::replay(&pool, &kafka, &topic, start, newer).await
         }
         Command::Erase { workspace, kind, country, from, database } => {
             let value = erase::read_value(from.as_deref())?;

@@ -5,7 +5,8 @@
 use crate::store;
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
-use intake_common::message::WriteRequest;
+use intake_common::conversion::Conversion;
+use intake_common::message::{WriteRequest, WriteRequestV1};
 use intake_common::kafka;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -23,10 +24,20 @@ pub enum Start {
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start) -> anyhow::Result<Value> {
+/// A dead-lettered message is older than whatever was written since: replaying the dead-letter
+/// topic leaves out the items whose conversion was stored after the message was received, so
+/// that an old value never overwrites a newer one. (Not for the requests topic, whose messages
+/// are replayed in their order and each overwrites the one before it.)
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Newer {
+    Overwrite,
+    Keep,
+}
+
+pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start, newer: Newer) -> anyhow::Result<Value> {
     let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
     let ranges = ranges(&consumer, topic, start)?;
-    let (mut applied, mut already, mut failed, mut messages) = (0u64, 0u64, 0u64, 0u64);
+    let (mut applied, mut already, mut failed, mut messages, mut kept_newer) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for (partition, from, to) in ranges {
         if from > to {
             continue;
@@ -43,14 +54,24 @@ pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start)
             next = message.offset() + 1;
             messages += 1;
             match serde_json::from_slice::<WriteRequest>(message.payload().unwrap_or_default()) {
-                Ok(WriteRequest::V1(request)) => match store::apply_chunk(pool, &request).await {
+                Ok(WriteRequest::V1(mut request)) => {
+                    if newer == Newer::Keep {
+                        let before = request.items.len();
+                        request.items = without_newer(pool, &request).await?;
+                        kept_newer += (before - request.items.len()) as u64;
+                        if request.items.is_empty() {
+                            continue;
+                        }
+                    }
+                    match store::apply_chunk(pool, &request).await {
                     Ok(outcome) if outcome.first_time => applied += 1,
                     Ok(_) => already += 1,
                     Err(error) => {
                         failed += 1;
                         tracing::error!(%error, partition, offset = message.offset(), "replayed message failed");
                     }
-                },
+                    }
+                }
                 Err(error) => {
                     failed += 1;
                     tracing::error!(%error, partition, offset = message.offset(), "unreadable message");
@@ -58,7 +79,11 @@ pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start)
             }
         }
     }
-    Ok(json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed }))
+    let mut summary = json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed });
+    if newer == Newer::Keep {
+        summary["kept_newer"] = json!(kept_newer);
+    }
+    Ok(summary)
 }
 
 /// (partition, first offset, last offset) to replay.
@@ -91,4 +116,28 @@ fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<
             Ok(ranges)
         }
     }
+}
+
+/// The items of a request whose conversion was not stored (created or updated) after the
+/// request was received.
+async fn without_newer(pool: &PgPool, request: &WriteRequestV1) -> anyhow::Result<Vec<Conversion>> {
+    let events: Vec<&str> = request.items.iter().map(|c| c.event.as_str()).collect();
+    let ids: Vec<&str> = request.items.iter().map(|c| c.external_id.as_str()).collect();
+    let newer: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.event, c.external_id FROM conversions c
+           JOIN unnest($2::text[], $3::text[]) AS i(event, external_id) USING (event, external_id)
+          WHERE c.workspace_id = $1 AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'",
+    )
+    .bind(&request.workspace_id)
+    .bind(&events)
+    .bind(&ids)
+    .bind(request.received_at_ms)
+    .fetch_all(pool)
+    .await?;
+    Ok(request
+        .items
+        .iter()
+        .filter(|c| !newer.iter().any(|(event, id)| event == c.event.as_str() && id == c.external_id.as_str()))
+        .cloned()
+        .collect())
 }
