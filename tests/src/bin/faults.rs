@@ -207,6 +207,7 @@ struct Ledger {
 }
 
 struct Outcome {
+    workspace: String,
     started: Instant,
     took: Duration,
     /// HTTP status, or 0 for a connection error.
@@ -285,7 +286,7 @@ impl Traffic {
                 }
                 Err(_) => (0, None, Value::Null),
             };
-            self.lock().requests.push(Outcome { started, took: started.elapsed(), status });
+            self.lock().requests.push(Outcome { workspace: key.workspace_id.clone(), started, took: started.elapsed(), status });
             if (200..300).contains(&status) {
                 let acknowledged: Vec<bool> = match reply.get("results").and_then(Value::as_array) {
                     Some(results) => results.iter().map(|r| r["ok"] == json!(true)).collect(),
@@ -468,13 +469,23 @@ impl Harness {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let fault_at = Instant::now();
         let over = self.inject(fault).await;
-        // Let traffic run until writes succeed again (or the limit passes), plus a little.
+        // Let traffic run until writes succeed again on every workspace (each on its own
+        // partition of the requests topic), or the limit passes.
         let mut recovered = None;
         while over.elapsed() < RECOVERY_LIMIT + Duration::from_secs(5) {
             tokio::time::sleep(Duration::from_millis(250)).await;
             let ledger = self.traffic.lock();
-            if let Some(first) = ledger.requests.iter().filter(|r| r.started >= over && (200..300).contains(&r.status)).map(|r| r.started + r.took).min() {
-                recovered = Some(first.saturating_duration_since(over));
+            let firsts: Vec<Option<Instant>> = self
+                .traffic
+                .keys
+                .iter()
+                .map(|key| {
+                    let ok = |r: &&Outcome| r.workspace == key.workspace_id && r.started >= over && (200..300).contains(&r.status);
+                    ledger.requests.iter().filter(ok).map(|r| r.started + r.took).min()
+                })
+                .collect();
+            if let Some(last) = firsts.into_iter().collect::<Option<Vec<_>>>().and_then(|all| all.into_iter().max()) {
+                recovered = Some(last.saturating_duration_since(over));
                 break;
             }
         }
