@@ -20,7 +20,7 @@ PARTITION_USER=intake-faults
 
 args=("$@")
 if [ "${1:-}" = --short ]; then
-    args=(--scenarios=writer_kill,broker_leader_kill,postgres_stop --outage-s=8)
+    args=(--scenarios=writer_kill,broker_leader_kill,postgres_stop --outage-s=8 --self-check)
 fi
 
 cleanup() {

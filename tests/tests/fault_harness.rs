@@ -10,7 +10,7 @@ fn the_fault_harness_finds_nothing_lost_in_its_short_form() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
-    assert_eq!(lines.len(), 3, "one JSON line per scenario:\n{stdout}\n{stderr}");
+    assert_eq!(lines.len(), 4, "one JSON line per scenario, and the checker's self-check:\n{stdout}\n{stderr}");
     for line in &lines {
         assert!(line.starts_with(r#"{"ok":true"#), "{line}\n{stderr}");
     }

@@ -370,6 +370,8 @@ const ALL: [Fault; 8] = [
 ];
 
 struct Harness {
+    /// What `intake-writer replay` printed in the restore scenario.
+    replayed: Mutex<Option<Value>>,
     /// The pair whose email an erasure after the backup cleared: it must stay cleared.
     erased: Mutex<Option<(String, String)>>,
     supervisor: Arc<Supervisor>,
@@ -455,6 +457,8 @@ impl Harness {
         assert!(shell(&format!("pg_restore -d {url} {dir}/backup.dump")), "pg_restore");
         let from = backup_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
         assert!(shell(&format!("{writer} replay --from-time {from} > {dir}/replay.json")), "replay");
+        let replayed = std::fs::read_to_string(format!("{dir}/replay.json")).unwrap_or_default();
+        *self.replayed.lock().unwrap_or_else(|p| p.into_inner()) = intake_tests::serde_json::from_str(&replayed).ok();
         if let Some(target) = &erased {
             assert!(erase(target), "erasure made again after the replay");
             *self.erased.lock().unwrap_or_else(|p| p.into_inner()) = Some(target.clone());
@@ -513,8 +517,10 @@ impl Harness {
         let unexpected: Vec<u16> = during.iter().map(|r| r.status).filter(|s| !matches!(s, 200..=299 | 500 | 503 | 429)).collect();
         let connection_errors = unexpected.iter().filter(|s| **s == 0).count();
         let longest = during.iter().map(|r| r.took).max().unwrap_or_default();
+        let replayed = self.replayed.lock().unwrap_or_else(|p| p.into_inner()).take();
         json!({
             "scenario": fault.name(),
+            "replay": replayed,
             "fault_at_s": fault_at.duration_since(fault_started).as_secs_f64(),
             "acknowledged": acknowledged,
             "missing": check.missing,
@@ -571,9 +577,19 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
 /// pair is stored twice; every batch's chain is one chain. Waits up to 60 s for what is still in
 /// flight (writes answered 500 are applied later).
 async fn check_database(traffic: &Traffic) -> Check {
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        let check = check_database_once(traffic).await;
+        if (check.missing == 0 && check.wrong == 0) || Instant::now() > deadline {
+            return check;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn check_database_once(traffic: &Traffic) -> Check {
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
+    {
         let rows: Vec<(String, String, Option<String>, String)> =
             sqlx::query_as("SELECT workspace_id, external_id, value::text, chain_id FROM conversions").fetch_all(&db).await.unwrap_or_default();
         let mut stored: HashMap<(String, String), Vec<(Option<String>, String)>> = HashMap::new();
@@ -604,11 +620,8 @@ async fn check_database(traffic: &Traffic) -> Check {
                 check.split_chains += 1;
             }
         }
-        if (check.missing == 0 && check.wrong == 0) || Instant::now() > deadline {
-            return check;
-        }
         drop(ledger);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        check
     }
 }
 
@@ -705,7 +718,7 @@ async fn main() {
         ledger: Mutex::default(),
         stop: AtomicBool::new(false),
     });
-    let harness = Harness { erased: Mutex::default(), supervisor: supervisor.clone(), traffic, outage, requests_topic: "intake.requests".to_owned() };
+    let harness = Harness { replayed: Mutex::default(), erased: Mutex::default(), supervisor: supervisor.clone(), traffic, outage, requests_topic: "intake.requests".to_owned() };
     let mut failed = false;
     for (n, fault) in scenarios.into_iter().enumerate() {
         let line = harness.run(fault, seed + n as u64).await;
@@ -722,8 +735,31 @@ async fn main() {
         failed |= !ok;
         println!("{}", json!({ "ok": ok, "result": line }));
     }
+    if args.iter().any(|a| a == "--self-check") {
+        failed |= !self_check(&harness.traffic).await;
+    }
     for process in supervisor.lock().iter_mut() {
         process.kill();
     }
     std::process::exit(i32::from(failed));
+}
+
+/// The checker must notice a loss: one acknowledged conversion is deleted behind the service's
+/// back, and the check must report exactly it as missing.
+async fn self_check(traffic: &Traffic) -> bool {
+    let victim = traffic.lock().pairs.iter().find(|(_, (_, last))| last.is_some()).map(|(pair, _)| pair.clone());
+    let Some((workspace, external_id)) = victim else { return false };
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
+    let deleted = sqlx::query(
+        "WITH gone AS (DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2 RETURNING id)
+         DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)",
+    )
+    .bind(&workspace)
+    .bind(&external_id)
+    .execute(&db)
+    .await;
+    let check = check_database_once(traffic).await;
+    let ok = deleted.is_ok() && check.missing == 1;
+    println!("{}", json!({ "ok": ok, "self_check": { "deleted": 1, "missing_found": check.missing } }));
+    ok
 }
