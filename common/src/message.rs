@@ -91,3 +91,38 @@ impl WriteReply {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::validate_conversion;
+
+    /// serde_json's `arbitrary_precision` (see common/Cargo.toml) cannot read a number that is
+    /// not an integer inside an internally tagged enum: every field here must round-trip.
+    #[test]
+    fn messages_round_trip_with_every_field_set() {
+        let input = serde_json::json!({"event": "lead", "external_id": 9_007_199_254_740_991_u64, "parent_external_id": "p",
+            "occurred_at": 1_767_323_045_000_i64, "visitor_id": "abcdEFGH1234_-xy.12345678", "click_id": "abcDEF123456",
+            "contact_id": "c", "email": "a@b.co", "phone": "+14155552671", "country": "US",
+            "address": {"line1": "1 Main St", "zip": "94105"}, "value": 12.5, "currency": "USD", "hdyhau": "h",
+            "tags": {"plan": "pro"}});
+        let conversion = validate_conversion(&input, 1_780_000_000_000).map(|v| v.conversion);
+        let Ok(conversion) = conversion else { panic!("{conversion:?}") };
+        let request = WriteRequest::V1(WriteRequestV1 {
+            correlation_id: "c".into(),
+            reply_partition: i32::MAX,
+            deadline_ms: i64::MAX,
+            received_at_ms: i64::MIN,
+            workspace_id: "w".into(),
+            items: vec![conversion],
+        });
+        let bytes = serde_json::to_vec(&request).unwrap_or_default();
+        assert_eq!(serde_json::from_slice::<WriteRequest>(&bytes).ok(), Some(request));
+        let result = ItemResult { id: "i".into(), event: "e".into(), external_id: "x".into(), chain_id: "c".into(), result: WriteResult::Created };
+        for outcome in [ChunkOutcome::Applied { results: vec![result] }, ChunkOutcome::Failed] {
+            let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome });
+            let bytes = serde_json::to_vec(&reply).unwrap_or_default();
+            assert_eq!(serde_json::from_slice::<WriteReply>(&bytes).ok(), Some(reply));
+        }
+    }
+}

@@ -15,8 +15,12 @@ pub fn sha256_hex(text: &str) -> Sha256Hex {
 }
 
 /// Trimmed and lower-cased; `None` when it does not look like an address: exactly one `@`,
-/// a non-empty local part, a domain with a dot between non-empty labels, no white space.
+/// a non-empty local part, a domain with a dot between non-empty labels, no white space and no
+/// control character anywhere in what was sent.
 pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
+    if has_control_chars(raw) {
+        return None;
+    }
     let email = raw.trim().to_lowercase();
     let (local, domain) = email.split_once('@')?;
     let plausible = !local.is_empty()
@@ -28,12 +32,14 @@ pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
 }
 
 /// E.164, parsed with `country` (ISO alpha-2) as the default region, else from a leading `+`.
-/// `None` when it cannot be parsed or is not a possible number for its region. One parse per call.
+/// A `country` that libphonenumber does not know as a region (`UK`, `ZZ`) is no default region:
+/// a number with a leading `+` still parses. `None` when it cannot be parsed, is not a possible
+/// number for its region, or has a control character. One parse per call.
 pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
-    let region = match country {
-        Some(code) => Some(code.parse::<phonenumber::country::Id>().ok()?),
-        None => None,
-    };
+    if has_control_chars(raw) {
+        return None;
+    }
+    let region = country.and_then(|code| code.parse::<phonenumber::country::Id>().ok());
     let number = phonenumber::parse(region, raw).ok()?;
     if !is_possible(&number) {
         return None;
@@ -61,9 +67,13 @@ fn is_possible(number: &phonenumber::PhoneNumber) -> bool {
     })
 }
 
-/// The result of hashing an address: its hash, and whether the zip can be a postal code of the
-/// address's country. An unusable address is dropped by the caller.
+/// The hash of `line1|zip|country`, canonical; `None` when the address is unusable: a line or
+/// zip with a control character, nothing left of one after canonicalization, or a zip that
+/// cannot be a postal code of the address's country.
 pub fn address_hash(line1: &str, zip: &str, country: &str) -> Option<Sha256Hex> {
+    if has_control_chars(line1) || has_control_chars(zip) {
+        return None;
+    }
     let country = country.to_ascii_uppercase();
     let line1 = canonical_text(line1);
     let mut zip = canonical_text(zip);
@@ -71,8 +81,9 @@ pub fn address_hash(line1: &str, zip: &str, country: &str) -> Option<Sha256Hex> 
         return None;
     }
     if country == "US" {
-        // ZIP+4 is cut to the 5-digit ZIP, so both forms of one address hash alike.
-        zip.truncate(5);
+        // ZIP+4 is cut to the 5-digit ZIP, so both forms of one address hash alike. By
+        // characters, never by bytes: a byte index can fall inside a character.
+        zip = zip.chars().take(5).collect();
     }
     Some(sha256_hex(&format!("{line1}|{zip}|{country}")))
 }
@@ -88,13 +99,14 @@ fn canonical_text(raw: &str) -> String {
 }
 
 /// Postal code shapes of the countries we check; any other country's zip is accepted.
-/// `zip` is already canonical (lower-case, single spaces).
+/// `zip` is already canonical (lower-case, single spaces). Digits are ASCII `[0-9]`, never `\d`,
+/// which in the regex crate also matches the digits of other scripts (`٩٤١٠٥`).
 fn postal_code_plausible(zip: &str, country: &str) -> bool {
-    static US: LazyLock<Regex> = LazyLock::new(|| pattern(r"^\d{5}( ?\d{4})?$"));
-    static CA: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z]\d[a-z] ?\d[a-z]\d$"));
+    static US: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{5}( ?[0-9]{4})?$"));
+    static CA: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z][0-9][a-z] ?[0-9][a-z][0-9]$"));
     static GB: LazyLock<Regex> =
-        LazyLock::new(|| pattern(r"^[a-z]{1,2}\d[a-z\d]? ?\d[a-z]{2}$"));
-    static FIVE_DIGITS: LazyLock<Regex> = LazyLock::new(|| pattern(r"^\d{5}$"));
+        LazyLock::new(|| pattern(r"^[a-z]{1,2}[0-9][a-z0-9]? ?[0-9][a-z]{2}$"));
+    static FIVE_DIGITS: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{5}$"));
     match country {
         "US" => US.is_match(zip),
         "CA" => CA.is_match(zip),
@@ -102,6 +114,12 @@ fn postal_code_plausible(zip: &str, country: &str) -> bool {
         "DE" | "FR" => FIVE_DIGITS.is_match(zip),
         _ => true,
     }
+}
+
+/// Whether `text` has a C0 control character (U+0000 to U+001F) or DEL (U+007F): text that
+/// PostgreSQL cannot store (U+0000) or that no sender means to send.
+pub(crate) fn has_control_chars(text: &str) -> bool {
+    text.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
 }
 
 /// Compiles one of this crate's constant patterns.
@@ -152,6 +170,54 @@ mod tests {
         assert_eq!(phone_hash("4155552671", Some("ZZ")), None, "unknown region");
         assert_eq!(phone_hash("+1 415 555 26711", None), None, "no US number has 11 digits");
         assert_eq!(phone_hash("+49 30 1", None), None, "too short for Germany");
+    }
+
+    #[test]
+    fn unknown_region_is_no_default_region() {
+        let expected = Some(sha256_hex("+442079460958"));
+        assert_eq!(phone_hash("+44 20 7946 0958", Some("UK")), expected, "UK is not a region code; GB is");
+        assert_eq!(phone_hash("+44 20 7946 0958", Some("ZZ")), expected);
+        assert_eq!(phone_hash("020 7946 0958", Some("GB")), expected);
+        assert_eq!(phone_hash("020 7946 0958", Some("UK")), None, "no + and no region");
+    }
+
+    #[test]
+    fn an_email_with_control_characters_is_unusable() {
+        for bad in ["ann@exa\u{0}mple.com", "ann@example.com\u{0}", "\u{7f}ann@example.com", "ann\u{1b}@example.com"] {
+            assert_eq!(email_hash(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_phone_with_control_characters_is_unusable() {
+        assert_eq!(phone_hash("+1 415 555\u{0}2671", None), None);
+        assert_eq!(phone_hash("+1 415 555 2671\u{7}", None), None);
+        assert_eq!(phone_hash("\u{1f}(415) 555-2671", Some("US")), None);
+    }
+
+    #[test]
+    fn an_address_with_control_characters_is_unusable() {
+        assert_eq!(address_hash("1 Main\u{0} St", "94105", "US"), None);
+        assert_eq!(address_hash("1 Main St\n", "94105", "US"), None);
+        assert_eq!(address_hash("1 Main St", "94105\u{7f}", "US"), None);
+        assert_eq!(address_hash("1 Main St", "\u{1}SW1A 2AA", "GB"), None);
+        assert_eq!(address_hash("1 Main St", "1010\u{0}", "AT"), None, "also where the zip is not checked");
+    }
+
+    #[test]
+    fn postal_patterns_take_ascii_digits_only() {
+        // Arabic-Indic, Devanagari and full-width digits: `\d` would match them, and cutting a
+        // ZIP+4 by bytes would then split a character (a panic).
+        for zip in ["٩٤١٠٥", "٩٤١٠٥-١٢٣٤", "९४१०५", "９４１０５", "９４１０５-１２３４"] {
+            for country in ["US", "DE", "FR"] {
+                assert_eq!(address_hash("1 Main St", zip, country), None, "{zip} {country}");
+            }
+        }
+        assert_eq!(address_hash("1 Main St", "k١a ٠b١", "CA"), None);
+        assert_eq!(address_hash("1 Main St", "sw١a ٢aa", "GB"), None);
+        assert_eq!(address_hash("1 Main St", "94105-1234", "US"), address_hash("1 Main St", "94105", "US"));
+        // Countries whose zips are not checked keep any script.
+        assert!(address_hash("1 Main St", "٩٤١٠٥", "EG").is_some());
     }
 
     #[test]

@@ -7,19 +7,29 @@
 
 use crate::conversion::{Conversion, Decimal, Event, ExternalId, ValidConversion, Warning};
 use crate::error::FieldError;
-use crate::normalize::{self, pattern};
+use crate::normalize::{self, has_control_chars, pattern};
 use regex::Regex;
 use serde_json::{Map, Value};
+use details::{Problems, ResponseBudget};
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::sync::LazyLock;
 use time::format_description::well_known::{Iso8601, Rfc3339};
 use time::OffsetDateTime;
 
+pub use details::{MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE};
+
 /// Why a conversion was refused. Out-of-range `occurred_at` is its own code, reported only
-/// when every other field is valid.
+/// when every other field is valid. `Fields` is capped (see [`details`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalid {
     Fields(Vec<FieldError>),
+    OccurredAtOutOfRange,
+}
+
+/// [`Invalid`] before its details are capped: a batch shares one cap among its items.
+enum Refused {
+    Fields(Problems),
     OccurredAtOutOfRange,
 }
 
@@ -50,8 +60,37 @@ static EPOCH_MS_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{13}$")
 
 /// Validates one conversion input. `now_ms` is the server clock, for the future tolerance.
 pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Invalid> {
+    check_conversion(input, now_ms).map_err(|refused| match refused {
+        Refused::Fields(problems) => Invalid::Fields(problems.into_details(MAX_DETAILS_PER_ITEM)),
+        Refused::OccurredAtOutOfRange => Invalid::OccurredAtOutOfRange,
+    })
+}
+
+/// Validates a batch: the envelope `{conversions: [...]}` (its problems are the `Err`), then
+/// each item in order. An item that is not an object is an item error. The details of all
+/// refused items together stay within [`MAX_DETAILS_PER_RESPONSE`].
+#[allow(clippy::type_complexity)]
+pub fn validate_batch(input: &Value, now_ms: i64) -> Result<Vec<Result<ValidConversion, Invalid>>, Vec<FieldError>> {
+    let items = batch_items(input).map_err(|problems| problems.into_details(MAX_DETAILS_PER_ITEM))?;
+    let checked: Vec<Result<ValidConversion, Refused>> = items.iter().map(|item| check_conversion(item, now_ms)).collect();
+    let refused = checked.iter().filter(|item| matches!(item, Err(Refused::Fields(_)))).count();
+    let mut budget = ResponseBudget::new(refused);
+    Ok(checked
+        .into_iter()
+        .map(|item| {
+            item.map_err(|refused| match refused {
+                Refused::Fields(problems) => Invalid::Fields(budget.details(problems)),
+                Refused::OccurredAtOutOfRange => Invalid::OccurredAtOutOfRange,
+            })
+        })
+        .collect())
+}
+
+fn check_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Refused> {
     let Some(object) = input.as_object() else {
-        return Err(Invalid::Fields(vec![FieldError::new("", "must be a JSON object")]));
+        let mut problems = Problems::default();
+        problems.add("", "must be a JSON object");
+        return Err(Refused::Fields(problems));
     };
     let mut check = Checker::default();
     check.unknown_fields(object, &FIELDS, "");
@@ -73,15 +112,15 @@ pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion
     let hdyhau = sent(object, "hdyhau").and_then(|v| check.text(v, "hdyhau", 200));
     let tags = sent(object, "tags").and_then(|v| check.tags(v));
 
-    if !check.errors.is_empty() {
-        return Err(Invalid::Fields(check.errors));
-    }
     let (Some(event), Some(external_id), Some(occurred_at_ms)) = (event, external_id, occurred_at) else {
-        // Unreachable: a missing required field always records an error above.
-        return Err(Invalid::Fields(vec![FieldError::new("", "required fields are missing")]));
+        // A missing required field always records a problem.
+        return Err(Refused::Fields(check.problems));
     };
+    if !check.problems.is_empty() {
+        return Err(Refused::Fields(check.problems));
+    }
     if occurred_at_ms < EARLIEST_OCCURRED_AT_MS || occurred_at_ms > now_ms + FUTURE_TOLERANCE_MS {
-        return Err(Invalid::OccurredAtOutOfRange);
+        return Err(Refused::OccurredAtOutOfRange);
     }
 
     let country = country.map(str::to_ascii_uppercase);
@@ -131,13 +170,13 @@ pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion
     })
 }
 
-/// Validates the batch envelope `{conversions: [...]}` and returns its items. Items are
-/// validated one by one by the caller; an item that is not an object is an item error.
-pub fn validate_batch_envelope(input: &Value) -> Result<&Vec<Value>, Vec<FieldError>> {
-    let Some(object) = input.as_object() else {
-        return Err(vec![FieldError::new("", "must be a JSON object")]);
-    };
+/// The items of a valid batch envelope `{conversions: [...]}`, or its problems.
+fn batch_items(input: &Value) -> Result<&Vec<Value>, Problems> {
     let mut check = Checker::default();
+    let Some(object) = input.as_object() else {
+        check.error("", "must be a JSON object");
+        return Err(check.problems);
+    };
     check.unknown_fields(object, &["conversions"], "");
     let items = match object.get("conversions") {
         None | Some(Value::Null) => {
@@ -155,8 +194,8 @@ pub fn validate_batch_envelope(input: &Value) -> Result<&Vec<Value>, Vec<FieldEr
         }
     };
     match items {
-        Some(items) if check.errors.is_empty() => Ok(items),
-        _ => Err(check.errors),
+        Some(items) if check.problems.is_empty() => Ok(items),
+        _ => Err(check.problems),
     }
 }
 
@@ -169,19 +208,6 @@ fn sent<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     }
 }
 
-fn has_control_chars(text: &str) -> bool {
-    text.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}')
-}
-
-/// Canonical text of a decimal given as digits with an optional fraction.
-fn canonical_decimal(text: &str) -> String {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let whole = whole.trim_start_matches('0');
-    let whole = if whole.is_empty() { "0" } else { whole };
-    let fraction = fraction.trim_end_matches('0');
-    if fraction.is_empty() { whole.to_owned() } else { format!("{whole}.{fraction}") }
-}
-
 struct AddressInput<'a> {
     line1: &'a str,
     zip: &'a str,
@@ -190,17 +216,17 @@ struct AddressInput<'a> {
 
 #[derive(Default)]
 struct Checker {
-    errors: Vec<FieldError>,
+    problems: Problems,
 }
 
 impl Checker {
-    fn error(&mut self, path: &str, message: &str) {
-        self.errors.push(FieldError::new(path, message));
+    fn error(&mut self, path: impl Display, message: impl Display) {
+        self.problems.add(path, message);
     }
 
     fn unknown_fields(&mut self, object: &Map<String, Value>, known: &[&str], prefix: &str) {
         for name in object.keys().filter(|name| !known.contains(&name.as_str())) {
-            self.errors.push(FieldError::new(format!("{prefix}{name}"), "is not a known field"));
+            self.error(format_args!("{prefix}{name}"), "is not a known field");
         }
     }
 
@@ -225,7 +251,7 @@ impl Checker {
         if regex.is_match(text) {
             Some(text)
         } else {
-            self.error(path, &format!("must match {}", regex.as_str()));
+            self.error(path, format_args!("must match {}", regex.as_str()));
             None
         }
     }
@@ -235,7 +261,7 @@ impl Checker {
         if text.chars().count() <= max {
             Some(text)
         } else {
-            self.error(path, &format!("must be at most {max} characters"));
+            self.error(path, format_args!("must be at most {max} characters"));
             None
         }
     }
@@ -247,7 +273,7 @@ impl Checker {
         if (1..=max).contains(&length) && !has_control_chars(text) {
             Some(text)
         } else {
-            self.error(path, &format!("must be 1 to {max} characters without control characters"));
+            self.error(path, format_args!("must be 1 to {max} characters without control characters"));
             None
         }
     }
@@ -290,22 +316,19 @@ impl Checker {
         millis
     }
 
+    /// An exact decimal: a JSON number is read from its own text, never through `f64`.
     fn value(&mut self, value: &Value) -> Option<Decimal> {
         const PATH: &str = "value";
         let canonical = match value {
-            Value::Number(number) => match (number.as_u64(), number.as_f64()) {
-                (Some(integer), _) if integer <= 1_000_000_000 => Some(integer.to_string()),
-                (None, Some(float)) if (0.0..=1e9).contains(&float) => {
-                    // f64's Display is the shortest text that reads back as the same number.
-                    Some(canonical_decimal(&format!("{}", float.abs())))
-                }
-                _ => None,
-            },
-            Value::String(text) if VALUE_TEXT.is_match(text) => Some(canonical_decimal(text)),
+            Value::Number(number) => decimal::json_number_value(number.as_str()),
+            Value::String(text) if VALUE_TEXT.is_match(text) => Some(decimal::numeric_string_value(text)),
             _ => None,
         };
         if canonical.is_none() {
-            self.error(PATH, "must be a number from 0 to 1000000000, or a string matching ^\\d{1,10}(\\.\\d{1,6})?$");
+            self.error(
+                PATH,
+                "must be a number from 0 to 1000000000 with at most 6 decimals, or a string matching ^[0-9]{1,10}(\\.[0-9]{1,6})?$",
+            );
         }
         canonical.map(Decimal)
     }
@@ -315,14 +338,14 @@ impl Checker {
             self.error("address", "must be an object");
             return None;
         };
-        let errors_before = self.errors.len();
+        let problems_before = self.problems.count();
         self.unknown_fields(object, &ADDRESS_FIELDS, "address.");
         let line1 = self
             .required(object, "line1", "address.line1")
             .and_then(|v| self.text_any(v, "address.line1", 200));
         let zip = self.required(object, "zip", "address.zip").and_then(|v| self.text_any(v, "address.zip", 16));
         let country = sent(object, "country").and_then(|v| self.pattern(v, "address.country", &COUNTRY));
-        if self.errors.len() != errors_before {
+        if self.problems.count() != problems_before {
             return None;
         }
         Some(AddressInput { line1: line1?, zip: zip?, country })
@@ -334,7 +357,7 @@ impl Checker {
         if (1..=max).contains(&text.chars().count()) {
             Some(text)
         } else {
-            self.error(path, &format!("must be 1 to {max} characters"));
+            self.error(path, format_args!("must be 1 to {max} characters"));
             None
         }
     }
@@ -344,25 +367,25 @@ impl Checker {
             self.error("tags", "must be an object");
             return None;
         };
-        let errors_before = self.errors.len();
+        let problems_before = self.problems.count();
         if object.len() > 5 {
             self.error("tags", "must have at most 5 entries");
         }
         let mut tags = BTreeMap::new();
         for (key, value) in object {
-            let path = format!("tags.{key}");
+            let path = format_args!("tags.{key}");
             if !TAG_KEY.is_match(key) {
-                self.error(&path, "key must match ^[a-z_]{1,24}$");
+                self.error(path, "key must match ^[a-z_]{1,24}$");
                 continue;
             }
             match value.as_str() {
-                Some(text) if text.chars().count() <= 64 => {
+                Some(text) if text.chars().count() <= 64 && !has_control_chars(text) => {
                     tags.insert(key.clone(), text.to_owned());
                 }
-                _ => self.error(&path, "must be a string of at most 64 characters"),
+                _ => self.error(path, "must be a string of at most 64 characters without control characters"),
             }
         }
-        (self.errors.len() == errors_before).then_some(tags)
+        (self.problems.count() == problems_before).then_some(tags)
     }
 }
 
@@ -374,5 +397,7 @@ fn parse_date_time(text: &str) -> Option<i64> {
     i64::try_from(parsed.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 
+mod decimal;
+mod details;
 #[cfg(test)]
 mod tests;

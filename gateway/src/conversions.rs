@@ -13,7 +13,7 @@ use intake_common::config::now_ms;
 use intake_common::conversion::{ValidConversion, Warning};
 use intake_common::error::ErrorCode;
 use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
-use intake_common::validate::{validate_batch_envelope, validate_conversion, Invalid};
+use intake_common::validate::{validate_batch, validate_conversion, Invalid};
 use serde_json::{json, Value};
 
 pub async fn single(app: &App, principal: &Principal, request: http::Request<Incoming>) -> Result<Response, ApiError> {
@@ -30,11 +30,10 @@ pub async fn single(app: &App, principal: &Principal, request: http::Request<Inc
 pub async fn batch(app: &App, principal: &Principal, request: http::Request<Incoming>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let value = read_json(request, BATCH_LIMIT).await?;
-    let inputs = validate_batch_envelope(&value).map_err(ApiError::Validation)?;
     let validated: Vec<Result<ValidConversion, Invalid>> =
-        inputs.iter().map(|input| validate_conversion(input, received_at_ms)).collect();
+        validate_batch(&value, received_at_ms).map_err(ApiError::Validation)?;
     // Every item counts, valid or not (DESIGN section 4).
-    app.limiter.check(&principal.key_id, Counter::Conversions, inputs.len() as u64).await?;
+    app.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
     let valid: Vec<(usize, &ValidConversion)> =
         validated.iter().enumerate().filter_map(|(index, item)| item.as_ref().ok().map(|v| (index, v))).collect();

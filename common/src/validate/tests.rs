@@ -180,7 +180,47 @@ fn value_is_an_exact_decimal() {
         assert_eq!(ok(&with("value", input.clone())).conversion.value.map(|d| d.0).as_deref(), Some(expected), "{input}");
     }
     assert_field_rejects("value", &[json!(-1), json!(-0.5), json!(1_000_000_000.5), json!(1_000_000_001),
-        json!("1.1234567"), json!("12345678901"), json!("-1"), json!("1e3"), json!(".5"), json!("5."), json!(true)]);
+        json!("1.1234567"), json!("12345678901"), json!("-1"), json!("1e3"), json!(".5"), json!("5."), json!(true),
+        json!("٩"), json!("１２"), json!("1\u{a0}")]);
+}
+
+/// A body as the gateway reads it: JSON numbers keep their text.
+fn parsed(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn value_as_a_json_number_is_read_from_its_text() {
+    let cases = [("0.1", "0.1"), ("123456789.123456", "123456789.123456"), ("1000000000", "1000000000"),
+        ("12.50", "12.5"), ("1.25e1", "12.5"), ("1e-05", "0.00001"), ("0.30000000000000004e0", ""),
+        ("999999999.999999", "999999999.999999"), ("12.5000000", "12.5"), ("-0", "0")];
+    for (number, expected) in cases {
+        let input = parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
+        let value = validate_conversion(&input, NOW_MS).ok().and_then(|valid| valid.conversion.value).map(|d| d.0);
+        let expected = (!expected.is_empty()).then(|| expected.to_owned());
+        assert_eq!(value, expected, "{number}");
+    }
+    // The same value as a string and as a number is the same decimal.
+    let as_number = parsed(r#"{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":12.5}"#);
+    assert_eq!(ok(&as_number).conversion.value, ok(&with("value", json!("12.50"))).conversion.value);
+}
+
+#[test]
+fn numbers_that_f64_cannot_hold_are_refused_or_kept_exactly() {
+    for number in ["0.1234567", "0.10000000000000001", "1000000000.0000001", "1e400", "-1e-400", "1e-7"] {
+        let input = parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
+        assert_eq!(paths(&input), vec!["value"], "{number}");
+    }
+}
+
+#[test]
+fn external_id_as_a_json_number_must_be_an_integer_in_range() {
+    for number in ["123.0", "1e3", "1E3", "1.5", "-1", "-0", "9007199254740992", "1e400", "123.000000000000000001"] {
+        let input = parsed(&format!(r#"{{"event":"lead","external_id":{number},"occurred_at":1767323045000}}"#));
+        assert_eq!(paths(&input), vec!["external_id"], "{number}");
+    }
+    let input = parsed(r#"{"event":"lead","external_id":9007199254740991,"occurred_at":1767323045000}"#);
+    assert_eq!(ok(&input).conversion.external_id.as_str(), "9007199254740991");
 }
 
 #[test]
@@ -193,6 +233,58 @@ fn tags_rules() {
     assert_eq!(paths(&with("tags", json!({"plan": 1}))), vec!["tags.plan"]);
     assert_eq!(paths(&with("tags", json!({&"k".repeat(25): "x"}))), vec![format!("tags.{}", "k".repeat(25))]);
     assert_eq!(paths(&with("tags", json!(["x"]))), vec!["tags"]);
+}
+
+#[test]
+fn tag_values_with_control_characters_are_refused() {
+    for bad in ["a\u{0}b", "\u{7f}", "tab\there", "line\n", "\u{1b}[31m"] {
+        assert_eq!(paths(&with("tags", json!({"plan": bad, "ok": "fine"}))), vec!["tags.plan"], "{bad:?}");
+    }
+    // Other scripts, spaces and marks are text like any other.
+    let fine = json!({"a": "٩٤١٠٥ ९४ ９４", "b": "a\u{a0}b\u{3000}c", "c": "\u{200f}e\u{301}🎉"});
+    assert_eq!(ok(&with("tags", fine.clone())).conversion.tags.map(|t| t.len()), Some(3));
+}
+
+#[test]
+fn every_stored_text_field_refuses_control_characters() {
+    for field in ["external_id", "parent_external_id", "contact_id", "hdyhau", "event", "visitor_id", "click_id",
+        "country", "currency"] {
+        for bad in ["a\u{0}b", "ab\u{1f}", "\u{7f}ab"] {
+            assert_eq!(paths(&with(field, json!(bad))), vec![field], "{field} = {bad:?}");
+        }
+    }
+    assert_eq!(paths(&with("value", json!("1\u{0}"))), vec!["value"]);
+}
+
+#[test]
+fn unusable_identifiers_with_control_characters_are_warnings() {
+    let mut input = base();
+    input["email"] = json!("ann@exa\u{0}mple.com");
+    input["phone"] = json!("+1 415 555 2671\u{0}");
+    input["address"] = json!({"line1": "1 Main\u{0} St", "zip": "94105"});
+    let valid = ok(&input);
+    assert_eq!(valid.warnings, vec![Warning::EmailInvalid, Warning::PhoneUnparseable, Warning::AddressUnparseable]);
+    input["address"] = json!({"line1": "1 Main St", "zip": "94105\u{7f}"});
+    assert_eq!(ok(&input).warnings.last(), Some(&Warning::AddressUnparseable));
+}
+
+#[test]
+fn zip_digits_of_other_scripts_are_unparseable_not_a_panic() {
+    for zip in ["٩٤١٠٥", "٩٤١٠٥-١٢٣٤", "९४१०५", "９４１０５"] {
+        let valid = ok(&with("address", json!({"line1": "1 Main St", "zip": zip})));
+        assert_eq!(valid.warnings, vec![Warning::AddressUnparseable], "{zip}");
+        assert_eq!(valid.conversion.address_sha256, None);
+    }
+}
+
+#[test]
+fn phone_with_an_unknown_country_still_parses_with_a_plus() {
+    let mut input = with("country", json!("UK"));
+    input["phone"] = json!("+44 20 7946 0958");
+    let valid = ok(&input);
+    assert!(valid.warnings.is_empty(), "{:?}", valid.warnings);
+    assert_eq!(valid.conversion.phone_sha256, Some(sha256_hex("+442079460958")));
+    assert_eq!(valid.conversion.country.as_deref(), Some("UK"));
 }
 
 #[test]
@@ -278,21 +370,83 @@ fn messages_never_contain_the_value() {
     }
 }
 
+fn batch_len(input: &Value) -> Result<usize, Vec<FieldError>> {
+    validate_batch(input, NOW_MS).map(|items| items.len())
+}
+
 #[test]
 fn batch_envelope() {
     let item = base();
-    assert_eq!(validate_batch_envelope(&json!({"conversions": [item]})).map(Vec::len), Ok(1));
+    assert_eq!(batch_len(&json!({"conversions": [item]})), Ok(1));
     let many: Vec<Value> = (0..500).map(|_| base()).collect();
-    assert_eq!(validate_batch_envelope(&json!({"conversions": many})).map(Vec::len), Ok(500));
+    assert_eq!(batch_len(&json!({"conversions": many})), Ok(500));
     let too_many: Vec<Value> = (0..501).map(|_| base()).collect();
     let refused = [json!({"conversions": []}), json!({"conversions": too_many}), json!({}),
         json!({"conversions": {}}), json!({"conversions": [1], "extra": 1}), json!([base()])];
     for input in refused {
-        assert!(validate_batch_envelope(&input).is_err(), "{input}");
+        assert!(batch_len(&input).is_err(), "{input}");
     }
-    let paths: Vec<String> = validate_batch_envelope(&json!({"conversions": [1], "extra": 1}))
+    let paths: Vec<String> = batch_len(&json!({"conversions": [1], "extra": 1}))
         .err().unwrap_or_default().into_iter().map(|e| e.path).collect();
     assert_eq!(paths, vec!["extra"]);
+}
+
+#[test]
+fn batch_items_are_validated_in_order() {
+    let mut bad = base();
+    bad["event"] = json!("bad event");
+    let items = validate_batch(&json!({"conversions": [base(), 7, bad]}), NOW_MS).unwrap_or_default();
+    assert!(items[0].is_ok());
+    assert_eq!(items[1], Err(Invalid::Fields(vec![FieldError::new("", "must be a JSON object")])));
+    assert!(matches!(&items[2], Err(Invalid::Fields(errors)) if errors[0].path == "event"));
+}
+
+fn with_unknown_fields(count: usize) -> Value {
+    let mut input = base();
+    for index in 0..count {
+        input[format!("unknown_{index:05}")] = json!(1);
+    }
+    input
+}
+
+fn details_of(invalid: &Invalid) -> &[FieldError] {
+    match invalid {
+        Invalid::Fields(details) => details,
+        Invalid::OccurredAtOutOfRange => &[],
+    }
+}
+
+#[test]
+fn details_are_capped_per_conversion() {
+    assert_eq!(paths(&with_unknown_fields(MAX_DETAILS_PER_ITEM)).len(), MAX_DETAILS_PER_ITEM);
+    let Err(invalid) = validate_conversion(&with_unknown_fields(1234), NOW_MS) else { panic!("valid") };
+    let details = details_of(&invalid);
+    assert_eq!(details.len(), MAX_DETAILS_PER_ITEM);
+    assert_eq!(details[0].path, "unknown_00000");
+    assert_eq!(details[19], FieldError::new("", "1215 more problems not listed"));
+}
+
+#[test]
+fn batch_envelope_details_are_capped() {
+    let mut envelope = json!({"conversions": []});
+    for index in 0..100 {
+        envelope[format!("extra_{index}")] = json!(1);
+    }
+    let details = validate_batch(&envelope, NOW_MS).err().unwrap_or_default();
+    assert_eq!(details.len(), MAX_DETAILS_PER_ITEM);
+    assert_eq!(details[19], FieldError::new("", "82 more problems not listed"));
+}
+
+#[test]
+fn batch_details_are_capped_per_response() {
+    let items: Vec<Value> = (0..500).map(|_| with_unknown_fields(50)).collect();
+    let checked = validate_batch(&json!({"conversions": items}), NOW_MS).unwrap_or_default();
+    let lists: Vec<&[FieldError]> = checked.iter().filter_map(|item| item.as_ref().err()).map(details_of).collect();
+    assert_eq!(lists.len(), 500);
+    assert_eq!(lists.iter().map(|details| details.len()).sum::<usize>(), MAX_DETAILS_PER_RESPONSE);
+    assert!(lists.iter().all(|details| (1..=MAX_DETAILS_PER_ITEM).contains(&details.len())));
+    assert_eq!(lists[0][19], FieldError::new("", "31 more problems not listed"));
+    assert_eq!(lists[499], [FieldError::new("", "50 problems not listed")]);
 }
 
 mod properties {
@@ -328,7 +482,7 @@ mod properties {
         #[test]
         fn arbitrary_json_never_panics(input in arbitrary_json()) {
             let _ = validate_conversion(&input, NOW_MS);
-            let _ = validate_batch_envelope(&input);
+            let _ = validate_batch(&input, NOW_MS);
         }
 
         #[test]
