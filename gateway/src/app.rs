@@ -55,7 +55,6 @@ pub struct App {
     pub writes: Arc<WriteClient>,
     pub admission: Admission,
     pub metrics: Metrics,
-    pub readiness: Arc<Readiness>,
     pub script_base_url: String,
     pub body_read_timeout: Duration,
     pub panic_test_route: bool,
@@ -135,11 +134,9 @@ impl App {
         let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
         let refused = match inner.oneshot(request).await {
             Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
-            Ok(_) => {
-                // The panic's message is not logged: it may quote the input.
-                tracing::error!(request_id = &*context.id, route = route_name, "request panicked");
-                Err(ApiError::Internal("panic".into()))
-            }
+            // Logged with the request id as an internal error; the panic's message is not
+            // logged, as it may quote the input.
+            Ok(_) => Err(ApiError::Internal("request panicked".into())),
             Err(error) if error.is::<Overloaded>() => {
                 self.metrics.shed(ShedReason::requests_in_flight);
                 Err(ApiError::Overloaded { retry_after_secs: RETRY_AFTER_BUSY_SECS })
@@ -226,15 +223,16 @@ impl App {
     }
 }
 
-/// The ops port: liveness, readiness and Prometheus metrics.
-pub async fn handle_ops(app: &App, request: http::Request<Incoming>) -> Response {
+/// The ops port: liveness, readiness and Prometheus metrics. It serves from the start, before
+/// Kafka is reached, and until the process exits.
+pub async fn handle_ops(readiness: &Readiness, metrics: &Metrics, request: http::Request<Incoming>) -> Response {
     match request.uri().path() {
         "/healthz" => json(200, &serde_json::json!({ "status": "ok" })),
-        "/readyz" => match app.readiness.status() {
-            Ok(()) => json(200, &serde_json::json!({ "status": "ready", "chunks_waiting": app.writes.chunks_waiting() })),
+        "/readyz" => match readiness.status() {
+            Ok(()) => json(200, &serde_json::json!({ "status": "ready" })),
             Err(failing) => json(503, &serde_json::json!({ "status": "not_ready", "failing": failing })),
         },
-        "/metrics" => app.metrics.render(),
+        "/metrics" => metrics.render(),
         _ => json(404, &serde_json::json!({ "error": "not found" })),
     }
 }

@@ -128,9 +128,27 @@ async fn main() -> anyhow::Result<()> {
         .acquire_timeout(Duration::from_secs(3))
         .connect_lazy(&config.database.url)?;
     let metrics = metrics::Metrics::new();
+    let readiness = Arc::new(ready::Readiness::default());
+    let settings = server::Settings {
+        header_read_timeout: ms(config.header_read_timeout_ms),
+        keep_alive_timeout: ms(config.keep_alive_timeout_ms),
+        max_connections: config.max_connections,
+        shutdown_grace: ms(config.shutdown_grace_ms),
+    };
+    // The ops port first, so that /healthz and /readyz answer while Kafka is being reached, and
+    // until the process exits (so /readyz answers 503 during shutdown).
+    let ops = TcpListener::bind(config.ops_listen).await?;
+    let ops_service = {
+        let (readiness, metrics) = (readiness.clone(), metrics.clone());
+        tower::service_fn(move |request| {
+            let (readiness, metrics) = (readiness.clone(), metrics.clone());
+            async move { Ok::<_, Infallible>(app::handle_ops(&readiness, &metrics, request).await) }
+        })
+    };
+    tokio::spawn(server::serve(ops, ops_service, settings, CancellationToken::new()));
+
     let write_timeout = ms(config.write_timeout_ms);
     let writes = writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
-    let readiness = Arc::new(ready::Readiness::default());
     tokio::spawn(readiness.clone().keep_checking(pool.clone(), writes.clone()));
     let key_cache = auth::CacheSettings {
         ttl: ms(config.auth_cache_ttl_ms),
@@ -154,29 +172,13 @@ async fn main() -> anyhow::Result<()> {
         pool,
         writes,
         metrics,
-        readiness: readiness.clone(),
         script_base_url: config.script_base_url,
         body_read_timeout: ms(config.body_read_timeout_ms),
         panic_test_route: config.panic_test_route,
     });
 
     let api = TcpListener::bind(config.listen).await?;
-    let ops = TcpListener::bind(config.ops_listen).await?;
     tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway listening");
-    let settings = server::Settings {
-        header_read_timeout: ms(config.header_read_timeout_ms),
-        keep_alive_timeout: ms(config.keep_alive_timeout_ms),
-        max_connections: config.max_connections,
-        shutdown_grace: ms(config.shutdown_grace_ms),
-    };
-    let ops_app = app.clone();
-    let ops_service = tower::service_fn(move |request| {
-        let app = ops_app.clone();
-        async move { Ok::<_, Infallible>(app::handle_ops(&app, request).await) }
-    });
-    // The ops port serves until the process exits, so /readyz answers 503 during shutdown.
-    tokio::spawn(server::serve(ops, ops_service, settings, CancellationToken::new()));
-
     let shutdown = CancellationToken::new();
     let api_server = tokio::spawn(server::serve(api, app::api_service(app, config.max_requests_in_flight), settings, shutdown.clone()));
     intake_common::service::shutdown_signal().await;

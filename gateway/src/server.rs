@@ -30,7 +30,7 @@ use tower::ServiceBuilder;
 
 /// How long a closing connection reads and drops what its client still sends, and how much.
 const LINGER: Duration = Duration::from_secs(2);
-const LINGER_MAX_BYTES: usize = 4 * 1024 * 1024;
+const LINGER_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// After a failed accept (out of file descriptors, say), before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 

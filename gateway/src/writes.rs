@@ -155,11 +155,6 @@ impl WriteClient {
         !waiting.chunks.is_empty() && waiting.busy_since.max(waiting.last_progress).elapsed() >= stall
     }
 
-    /// Chunks waiting for a reply now.
-    pub fn chunks_waiting(&self) -> usize {
-        lock(&self.waiting).chunks.len()
-    }
-
     /// For readiness: the reply partition is assigned to this gateway and its leader answers,
     /// and the broker knows the requests topic.
     pub async fn probe(&self) -> Result<(), String> {
