@@ -20,6 +20,11 @@ pub enum ErrorCode {
     OccurredAtOutOfRange,
     RateLimited,
     InternalError,
+    /// Additive (SPEC section 9): the request body did not arrive within the body read timeout.
+    RequestTimeout,
+    /// Additive (SPEC section 9): the gateway is overloaded and refuses the request before
+    /// reading its body (DESIGN 2.6); retry after Retry-After seconds.
+    ServiceUnavailable,
 }
 
 impl ErrorCode {
@@ -39,6 +44,8 @@ impl ErrorCode {
             ErrorCode::OccurredAtOutOfRange => "occurred_at_out_of_range",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::InternalError => "internal_error",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::ServiceUnavailable => "service_unavailable",
         }
     }
 
@@ -52,7 +59,9 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::ValidationFailed | ErrorCode::OccurredAtOutOfRange => 422,
             ErrorCode::RateLimited => 429,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::InternalError => 500,
+            ErrorCode::ServiceUnavailable => 503,
         }
     }
 
@@ -73,6 +82,8 @@ impl ErrorCode {
             ErrorCode::OccurredAtOutOfRange => "occurred_at is more than 5 minutes in the future, or before the year 2000.",
             ErrorCode::RateLimited => "Too many requests or conversions in this minute; retry after Retry-After seconds.",
             ErrorCode::InternalError => "Server fault. Retry; report the request_id to support if it persists.",
+            ErrorCode::RequestTimeout => "The request body did not arrive in time; the connection is closed. Retry.",
+            ErrorCode::ServiceUnavailable => "The service is overloaded and did not read the request; retry after Retry-After seconds.",
         }
     }
 }

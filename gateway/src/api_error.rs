@@ -15,6 +15,8 @@ pub enum ApiError {
     Validation(Vec<FieldError>),
     InsufficientScope { missing: &'static str },
     RateLimited { retry_after_secs: u64 },
+    /// Refused before the body was read: the gateway cannot expect to answer in time.
+    Overloaded { retry_after_secs: u64 },
     /// A server fault; the reason is logged, never sent.
     Internal(String),
 }
@@ -26,6 +28,7 @@ impl ApiError {
             ApiError::Validation(_) => ErrorCode::ValidationFailed,
             ApiError::InsufficientScope { .. } => ErrorCode::InsufficientScope,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
+            ApiError::Overloaded { .. } => ErrorCode::ServiceUnavailable,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -56,7 +59,11 @@ impl ApiError {
         if let Some(value) = www_authenticate.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
             headers.insert(http::header::WWW_AUTHENTICATE, value);
         }
-        if let ApiError::RateLimited { retry_after_secs } = self {
+        if code == ErrorCode::RequestTimeout {
+            // The body was not read: the connection cannot carry another request.
+            headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        if let ApiError::RateLimited { retry_after_secs } | ApiError::Overloaded { retry_after_secs } = self {
             headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry_after_secs));
         }
         response

@@ -1,14 +1,17 @@
-//! API key authentication (SPEC section 5, DESIGN section 3). Lookups are cached for a short
-//! time so that a hot key costs no database round trip, while a revoked key, a suspended or
-//! deleted workspace is refused within the cache's lifetime (2 s by default, under the 5 s
-//! the design allows).
+//! API key authentication (SPEC section 5, DESIGN section 3). Lookups are cached in a bounded
+//! cache (moka) so that a hot key costs no database round trip, while a revoked key, a suspended
+//! or deleted workspace is refused within the cache's lifetime (2 s by default, under the 5 s the
+//! design allows). Unknown keys are remembered too, for a shorter time, so that a client sending a
+//! wrong key in a loop costs one query per that time. Concurrent misses of one key wait for one
+//! query.
 
 use crate::api_error::ApiError;
+use crate::metrics::{CacheLabels, CacheResult, Metrics};
 use intake_common::error::ErrorCode;
+use moka::future::Cache;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const KEY_PREFIX: &str = "svc_live_";
@@ -30,19 +33,45 @@ enum Lookup {
     Active(Principal),
 }
 
-/// A small time-to-live cache, written by hand because it needs only get, insert and a sweep;
-/// a general cache crate would cost more build time than these lines.
-pub struct Authenticator {
-    pool: PgPool,
-    ttl: Duration,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Lookup)>>,
+/// How long the cache keeps what it learnt.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheSettings {
+    /// Known keys (active, revoked, or of a suspended or deleted workspace).
+    pub ttl: Duration,
+    /// Unknown keys: never longer than `ttl`.
+    pub unknown_ttl: Duration,
+    /// Entries at most; the least useful are evicted beyond it.
+    pub capacity: u64,
+    /// While PostgreSQL cannot be reached, a key it knew within this time keeps the answer it
+    /// had (a revocation cannot be read from a database that does not answer either): a
+    /// database outage then delays writes instead of refusing every key not in the cache.
+    pub stale_ttl: Duration,
 }
 
-const CACHE_SWEEP_AT: usize = 10_000;
+struct Expiry(CacheSettings);
+
+impl moka::Expiry<[u8; 32], Lookup> for Expiry {
+    fn expire_after_create(&self, _key: &[u8; 32], lookup: &Lookup, _created_at: Instant) -> Option<Duration> {
+        Some(match lookup {
+            Lookup::Unknown => self.0.unknown_ttl.min(self.0.ttl),
+            _ => self.0.ttl,
+        })
+    }
+}
+
+pub struct Authenticator {
+    pool: PgPool,
+    cache: Cache<[u8; 32], Lookup>,
+    /// The last answer PostgreSQL gave for each known key, for when it cannot be asked.
+    last_known: Cache<[u8; 32], Lookup>,
+    metrics: Metrics,
+}
 
 impl Authenticator {
-    pub fn new(pool: PgPool, ttl: Duration) -> Self {
-        Authenticator { pool, ttl, cache: Mutex::new(HashMap::new()) }
+    pub fn new(pool: PgPool, settings: CacheSettings, metrics: Metrics) -> Self {
+        let cache = Cache::builder().max_capacity(settings.capacity).expire_after(Expiry(settings)).build();
+        let last_known = Cache::builder().max_capacity(settings.capacity).time_to_live(settings.stale_ttl).build();
+        Authenticator { pool, cache, last_known, metrics }
     }
 
     /// The caller behind the Authorization header, in the design's error order:
@@ -53,14 +82,24 @@ impl Authenticator {
             .and_then(presented_key)
             .ok_or(ApiError::Code(ErrorCode::MissingApiKey))?;
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        let lookup = match self.cached(&digest) {
-            Some(lookup) => lookup,
-            None => {
-                let lookup = self.fetch(&digest).await?;
-                self.remember(digest, lookup.clone());
-                lookup
-            }
+        // One query per missing key however many requests wait for it; a failed query is not
+        // cached (every waiter gets the error, the next request tries again).
+        let entry = self
+            .cache
+            .entry(digest)
+            .or_try_insert_with(self.fetch(&digest))
+            .await
+            .map_err(|error: Arc<sqlx::Error>| error);
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => return self.stale(&digest, &error).await,
         };
+        let result = if entry.is_fresh() { CacheResult::miss } else { CacheResult::hit };
+        self.metrics.key_cache.get_or_create(&CacheLabels { result }).inc();
+        self.answer(entry.into_value())
+    }
+
+    fn answer(&self, lookup: Lookup) -> Result<Principal, ApiError> {
         match lookup {
             Lookup::Active(principal) => Ok(principal),
             Lookup::Unknown | Lookup::Revoked => Err(ApiError::Code(ErrorCode::InvalidApiKey)),
@@ -69,20 +108,28 @@ impl Authenticator {
         }
     }
 
-    fn cached(&self, digest: &[u8; 32]) -> Option<Lookup> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.get(digest).filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, lookup)| lookup.clone())
-    }
-
-    fn remember(&self, digest: [u8; 32], lookup: Lookup) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= CACHE_SWEEP_AT {
-            cache.retain(|_, (at, _)| at.elapsed() < self.ttl);
+    /// PostgreSQL did not answer: the last answer it gave, if any, else 500.
+    async fn stale(&self, digest: &[u8; 32], error: &sqlx::Error) -> Result<Principal, ApiError> {
+        match self.last_known.get(digest).await {
+            Some(lookup) => {
+                self.metrics.key_cache.get_or_create(&CacheLabels { result: CacheResult::stale }).inc();
+                tracing::warn!(%error, "key lookup failed; using the last known answer");
+                // For the cache's lifetime, so that an outage does not cost every request the
+                // pool's acquire timeout.
+                self.cache.insert(*digest, lookup.clone()).await;
+                self.answer(lookup)
+            }
+            None => Err(ApiError::Internal(format!("key lookup: {error}"))),
         }
-        cache.insert(digest, (Instant::now(), lookup));
     }
 
-    async fn fetch(&self, digest: &[u8; 32]) -> Result<Lookup, ApiError> {
+    async fn fetch(&self, digest: &[u8; 32]) -> Result<Lookup, sqlx::Error> {
+        let lookup = self.query(digest).await?;
+        self.last_known.insert(*digest, lookup.clone()).await;
+        Ok(lookup)
+    }
+
+    async fn query(&self, digest: &[u8; 32]) -> Result<Lookup, sqlx::Error> {
         let row: Option<(String, Vec<String>, bool, String, String, bool)> = sqlx::query_as(
             "SELECT k.id, k.scopes, k.revoked_at IS NOT NULL, w.id, w.status, w.deleted_at IS NOT NULL
                FROM api_keys k JOIN workspaces w ON w.id = k.workspace_id
@@ -90,8 +137,7 @@ impl Authenticator {
         )
         .bind(digest.as_slice())
         .fetch_optional(&self.pool)
-        .await
-        .map_err(|error| ApiError::Internal(format!("key lookup: {error}")))?;
+        .await?;
         Ok(match row {
             None => Lookup::Unknown,
             Some((_, _, true, ..)) => Lookup::Revoked,

@@ -1,7 +1,9 @@
 //! Reads a request body without ever holding more than the endpoint's limit: a declared
 //! Content-Length over the limit is refused before reading, a body that turns out longer (no
 //! Content-Length, or a false one) is cut off at the limit, and a gzip body is inflated only up
-//! to the limit, so a decompression bomb costs at most the limit in memory.
+//! to the limit, so a decompression bomb costs at most the limit in memory. The whole body must
+//! arrive within the body read timeout (a deadline for all of it, not per read, so that a
+//! client trickling a byte at a time is bounded too), else 408 request_timeout.
 
 use crate::api_error::ApiError;
 use bytes::Bytes;
@@ -10,11 +12,12 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use intake_common::error::ErrorCode;
 use std::io::Read;
+use std::time::Duration;
 
 pub const SINGLE_LIMIT: usize = 32 * 1024;
 pub const BATCH_LIMIT: usize = 1024 * 1024;
 
-pub async fn read_limited(headers: &http::HeaderMap, body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
+pub async fn read_limited(headers: &http::HeaderMap, body: Incoming, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
     let encoding = content_encoding(headers)?;
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -23,11 +26,12 @@ pub async fn read_limited(headers: &http::HeaderMap, body: Incoming, limit: usiz
     if encoding == Encoding::Identity && declared.is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+    let bytes = match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
         // The client went away or sent a broken chunked body.
-        Err(_) => return Err(ApiError::Code(ErrorCode::InvalidJson)),
+        Ok(Err(_)) => return Err(ApiError::Code(ErrorCode::InvalidJson)),
+        Err(_) => return Err(ApiError::Code(ErrorCode::RequestTimeout)),
     };
     match encoding {
         Encoding::Identity => Ok(bytes),

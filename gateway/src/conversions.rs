@@ -2,7 +2,7 @@
 //! against the conversion limit, then write through Kafka and answer with the writer's results.
 
 use crate::api_error::ApiError;
-use crate::app::App;
+use crate::app::{App, RequestContext};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
 use crate::ratelimit::Counter;
@@ -16,22 +16,34 @@ use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
 use intake_common::validate::{validate_batch, validate_conversion, Invalid};
 use serde_json::{json, Value};
 
-pub async fn single(app: &App, principal: &Principal, request: http::Request<Incoming>) -> Result<Response, ApiError> {
+pub async fn single(
+    app: &App,
+    principal: &Principal,
+    context: &RequestContext,
+    request: http::Request<Incoming>,
+) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(request, SINGLE_LIMIT).await?;
+    let value = read_json(app, request, SINGLE_LIMIT).await?;
+    context.items(1);
     let valid = validate_conversion(&value, received_at_ms)?;
     app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
-    let results = write(app, principal, vec![vec![valid.conversion]], received_at_ms).await?;
+    let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms).await?;
     let result = results.into_iter().flatten().next().ok_or_else(|| ApiError::Internal("empty reply".into()))?;
     let status = if result.result == WriteResult::Created { 201 } else { 200 };
     Ok(json(status, &json!({ "conversion": conversion_result(&result, &valid.warnings) })))
 }
 
-pub async fn batch(app: &App, principal: &Principal, request: http::Request<Incoming>) -> Result<Response, ApiError> {
+pub async fn batch(
+    app: &App,
+    principal: &Principal,
+    context: &RequestContext,
+    request: http::Request<Incoming>,
+) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(request, BATCH_LIMIT).await?;
+    let value = read_json(app, request, BATCH_LIMIT).await?;
     let validated: Vec<Result<ValidConversion, Invalid>> =
         validate_batch(&value, received_at_ms).map_err(ApiError::Validation)?;
+    context.items(validated.len());
     // Every item counts, valid or not (DESIGN section 4).
     app.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
@@ -41,7 +53,7 @@ pub async fn batch(app: &App, principal: &Principal, request: http::Request<Inco
         .chunks(MAX_CHUNK_ITEMS)
         .map(|chunk| chunk.iter().map(|(_, item)| item.conversion.clone()).collect())
         .collect();
-    let mut written = write(app, principal, chunks, received_at_ms).await?.into_iter().flatten();
+    let mut written = write(app, principal, context, chunks, received_at_ms).await?.into_iter().flatten();
 
     let mut summary = Summary::default();
     let results: Vec<Value> = validated
@@ -67,22 +79,23 @@ pub async fn batch(app: &App, principal: &Principal, request: http::Request<Inco
     Ok(json(200, &json!({ "results": results, "summary": summary.to_json() })))
 }
 
-async fn read_json(request: http::Request<Incoming>, limit: usize) -> Result<Value, ApiError> {
+async fn read_json(app: &App, request: http::Request<Incoming>, limit: usize) -> Result<Value, ApiError> {
     let (parts, body) = request.into_parts();
-    let bytes = body::read_limited(&parts.headers, body, limit).await?;
+    let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
     serde_json::from_slice(&bytes).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
 }
 
 async fn write(
     app: &App,
     principal: &Principal,
+    context: &RequestContext,
     chunks: Vec<Vec<intake_common::conversion::Conversion>>,
     received_at_ms: i64,
 ) -> Result<Vec<Vec<ItemResult>>, ApiError> {
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    app.writes.write(&principal.workspace_id, chunks, received_at_ms).await.map_err(|error: WriteError| {
+    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms).await.map_err(|error: WriteError| {
         app.metrics.write_failures.inc();
         ApiError::Internal(error.to_string())
     })

@@ -9,24 +9,24 @@ mod body;
 mod conversions;
 mod metrics;
 mod openapi;
+mod overload;
 mod ratelimit;
+mod ready;
 mod response;
 mod routes;
+mod server;
 mod workspace;
 mod writes;
 
 use app::App;
 use clap::Parser;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "intake-gateway", version, about)]
@@ -40,12 +40,24 @@ struct Config {
     /// The partition of the replies topic this gateway reads; unique per gateway instance.
     #[arg(long, env = "INTAKE_REPLY_PARTITION", default_value_t = 0)]
     reply_partition: i32,
-    /// How long a write waits for the writer before answering 500 internal_error.
+    /// How long a write waits for the writer before answering 500 internal_error: one deadline
+    /// for the whole request, all its chunks included.
     #[arg(long, env = "INTAKE_WRITE_TIMEOUT_MS", default_value_t = 10_000)]
     write_timeout_ms: u64,
-    /// How long a key lookup is cached; revocation takes effect within this time.
-    #[arg(long, env = "INTAKE_AUTH_CACHE_TTL_MS", default_value_t = 2_000)]
+    /// How long a known key's lookup is cached; revocation, suspension and deletion take effect
+    /// within this time (at most 5 s, DESIGN 3).
+    #[arg(long, env = "INTAKE_AUTH_CACHE_TTL_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=5_000))]
     auth_cache_ttl_ms: u64,
+    /// How long an unknown key is remembered as unknown (capped at the known-key time).
+    #[arg(long, env = "INTAKE_UNKNOWN_KEY_CACHE_TTL_MS", default_value_t = 1_000)]
+    unknown_key_cache_ttl_ms: u64,
+    /// Keys the cache holds at most.
+    #[arg(long, env = "INTAKE_KEY_CACHE_CAPACITY", default_value_t = 100_000)]
+    key_cache_capacity: u64,
+    /// While PostgreSQL cannot be reached, how long a key keeps the last answer the database
+    /// gave for it (a database outage then delays writes instead of refusing every key).
+    #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000)]
+    auth_stale_ttl_ms: u64,
     /// Base address of the install script, for GET /v1/workspace.
     #[arg(long, env = "INTAKE_SCRIPT_BASE_URL", default_value = "https://cdn.intake.example")]
     script_base_url: String,
@@ -58,9 +70,43 @@ struct Config {
     requests_per_minute: u64,
     #[arg(long, env = "INTAKE_CONVERSIONS_PER_MINUTE", default_value_t = 30_000)]
     conversions_per_minute: u64,
+    /// A request's head must have arrived this long after the connection was ready for it
+    /// (opened, or its previous response sent); else the connection is closed.
+    #[arg(long, env = "INTAKE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    header_read_timeout_ms: u64,
+    /// A request's whole body must have arrived this long after the gateway started reading it;
+    /// else 408 request_timeout and the connection is closed.
+    #[arg(long, env = "INTAKE_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    body_read_timeout_ms: u64,
+    /// A connection with no new request this long after its last response is closed. At most the
+    /// header read timeout, whose clock also runs between requests.
+    #[arg(long, env = "INTAKE_KEEP_ALIVE_TIMEOUT_MS", default_value_t = 5_000)]
+    keep_alive_timeout_ms: u64,
+    /// Open API connections at most; beyond it, new connections wait in the listen backlog.
+    #[arg(long, env = "INTAKE_MAX_CONNECTIONS", default_value_t = 1_024)]
+    max_connections: usize,
+    /// Requests being served at most, on every route; beyond it, 503 service_unavailable.
+    #[arg(long, env = "INTAKE_MAX_REQUESTS_IN_FLIGHT", default_value_t = 512)]
+    max_requests_in_flight: usize,
+    /// Writes admitted and not yet answered at most; beyond it, 503 service_unavailable before
+    /// the body is read.
+    #[arg(long, env = "INTAKE_MAX_WRITES_IN_FLIGHT", default_value_t = 256)]
+    max_writes_in_flight: usize,
+    /// Writes wait and no reply has answered one for this long: the writers are behind, and new
+    /// writes get 503 service_unavailable until a reply comes. Default: the write timeout.
+    #[arg(long, env = "INTAKE_REPLY_STALL_MS")]
+    reply_stall_ms: Option<u64>,
+    /// After SIGTERM, how long the API keeps serving while /readyz answers 503, so that load
+    /// balancers stop sending before the listener closes.
+    #[arg(long, env = "INTAKE_SHUTDOWN_DELAY_MS", default_value_t = 0)]
+    shutdown_delay_ms: u64,
     /// How long shutdown waits for in-flight requests.
     #[arg(long, env = "INTAKE_SHUTDOWN_GRACE_MS", default_value_t = 15_000)]
     shutdown_grace_ms: u64,
+    /// For tests only: GET /_test/panic panics inside the request, to show that a panic is
+    /// answered 500 internal_error. Off unless given; no environment variable turns it on.
+    #[arg(long)]
+    panic_test_route: bool,
     #[command(flatten)]
     database: DatabaseArgs,
     #[command(flatten)]
@@ -69,77 +115,93 @@ struct Config {
     log: LogArgs,
 }
 
+const fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_logging(&config.log);
+    log_panics_without_their_message();
+    if config.keep_alive_timeout_ms > config.header_read_timeout_ms {
+        anyhow::bail!("--keep-alive-timeout-ms must not exceed --header-read-timeout-ms");
+    }
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(config.database.pool_size)
         .acquire_timeout(Duration::from_secs(3))
         .connect_lazy(&config.database.url)?;
-    let writes = writes::WriteClient::start(&config.kafka, config.reply_partition, Duration::from_millis(config.write_timeout_ms)).await?;
+    let metrics = metrics::Metrics::new();
+    let readiness = Arc::new(ready::Readiness::default());
+    let settings = server::Settings {
+        header_read_timeout: ms(config.header_read_timeout_ms),
+        keep_alive_timeout: ms(config.keep_alive_timeout_ms),
+        max_connections: config.max_connections,
+        shutdown_grace: ms(config.shutdown_grace_ms),
+    };
+    // The ops port first, so that /healthz and /readyz answer while Kafka is being reached, and
+    // until the process exits (so /readyz answers 503 during shutdown).
+    let ops = TcpListener::bind(config.ops_listen).await?;
+    let ops_service = {
+        let (readiness, metrics) = (readiness.clone(), metrics.clone());
+        tower::service_fn(move |request| {
+            let (readiness, metrics) = (readiness.clone(), metrics.clone());
+            async move { Ok::<_, Infallible>(app::handle_ops(&readiness, &metrics, request).await) }
+        })
+    };
+    tokio::spawn(server::serve(ops, ops_service, settings, CancellationToken::new()));
+
+    let write_timeout = ms(config.write_timeout_ms);
+    let writes = writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
+    tokio::spawn(readiness.clone().keep_checking(pool.clone(), writes.clone()));
+    let key_cache = auth::CacheSettings {
+        ttl: ms(config.auth_cache_ttl_ms),
+        unknown_ttl: ms(config.unknown_key_cache_ttl_ms),
+        capacity: config.key_cache_capacity,
+        stale_ttl: ms(config.auth_stale_ttl_ms),
+    };
     let app = Arc::new(App {
-        auth: auth::Authenticator::new(pool.clone(), Duration::from_millis(config.auth_cache_ttl_ms)),
+        auth: auth::Authenticator::new(pool.clone(), key_cache, metrics.clone()),
         limiter: ratelimit::RateLimiter::new(
             &config.redis_url,
-            Duration::from_millis(config.redis_timeout_ms),
+            ms(config.redis_timeout_ms),
             config.requests_per_minute,
             config.conversions_per_minute,
+            metrics.clone(),
         )?,
+        admission: overload::Admission::new(
+            config.max_writes_in_flight,
+            config.reply_stall_ms.map_or(write_timeout, ms),
+            metrics.clone(),
+        ),
         pool,
         writes,
-        metrics: metrics::Metrics::new(),
+        metrics,
         script_base_url: config.script_base_url,
+        body_read_timeout: ms(config.body_read_timeout_ms),
+        panic_test_route: config.panic_test_route,
     });
 
     let api = TcpListener::bind(config.listen).await?;
-    let ops = TcpListener::bind(config.ops_listen).await?;
-    tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway ready");
-    let api_app = app.clone();
-    let api_server = serve(api, move |request| {
-        let app = api_app.clone();
-        async move { app.handle(request).await }
-    }, intake_common::service::shutdown_signal(), Duration::from_millis(config.shutdown_grace_ms));
-    tokio::spawn(serve(ops, move |request| {
-        let app = app.clone();
-        async move { app::handle_ops(&app, request).await }
-    }, std::future::pending(), Duration::ZERO));
-    api_server.await;
+    tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway listening");
+    let shutdown = CancellationToken::new();
+    let api_server = tokio::spawn(server::serve(api, app::api_service(app, config.max_requests_in_flight), settings, shutdown.clone()));
+    intake_common::service::shutdown_signal().await;
+    readiness.shutting_down();
+    tracing::info!(delay_ms = config.shutdown_delay_ms, "shutting down: not ready; finishing in-flight requests");
+    tokio::time::sleep(ms(config.shutdown_delay_ms)).await;
+    shutdown.cancel();
+    api_server.await?;
+    tracing::info!("stopped");
     Ok(())
 }
 
-/// Accepts HTTP/1.1 connections until `shutdown`, then waits for open connections to finish.
-async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: impl std::future::Future<Output = ()>, grace: Duration)
-where
-    H: Fn(http::Request<hyper::body::Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = response::Response> + Send + 'static,
-{
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
-            _ = &mut shutdown => break,
-        };
-        let handler = handler.clone();
-        let service = service_fn(move |request| {
-            let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler(request).await) }
-        });
-        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-    }
-    tracing::info!("shutting down; finishing in-flight requests");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!("shutdown grace period over; closing remaining connections");
-    }
+/// A panic is logged with where it happened, never with its message: the message of a panic in
+/// validation or normalization may quote the input (an email, a phone, an address). The request
+/// it happened in is logged by the catch-panic layer, with its id.
+fn log_panics_without_their_message() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        tracing::error!(%location, "panic");
+    }));
 }

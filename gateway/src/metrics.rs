@@ -1,15 +1,20 @@
-//! Prometheus metrics of the gateway, served on the ops port.
+//! Prometheus metrics of the gateway, served on the ops port. The names are the ones the alert
+//! rules are written against; change none without changing them.
+//!
+//! Each handle is a cheap clone of one shared metric, so a component is given the handles it
+//! updates (the rate limiter its refusals and fail-opens, the key cache its hits and misses).
 
 use crate::response::Response;
 use bytes::Bytes;
 use http_body_util::Full;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -18,26 +23,91 @@ struct RequestLabels {
     status: u16,
 }
 
+/// Which rate limit refused a request.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Limit {
+    requests,
+    conversions,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: Limit,
+}
+
+/// Why a request was refused with 503.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ShedReason {
+    /// The cap on requests in flight (all routes).
+    requests_in_flight,
+    /// The cap on writes in flight.
+    writes_in_flight,
+    /// Writes wait and no reply has come for the stall time.
+    writers_behind,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub reason: ShedReason,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum CacheResult {
+    hit,
+    miss,
+    /// PostgreSQL could not be asked; the last answer it gave was used.
+    stale,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    pub result: CacheResult,
+}
+
+#[derive(Clone)]
 pub struct Metrics {
-    registry: Registry,
+    registry: Arc<Registry>,
     requests: Family<RequestLabels, Counter>,
     latency: Family<RequestLabels, Histogram>,
+    /// Produce to reply of one chunk.
+    pub kafka_roundtrip: Histogram,
+    pub writes_in_flight: Gauge,
+    pub load_shed: Family<ShedLabels, Counter>,
+    pub ratelimit_refused: Family<LimitLabels, Counter>,
+    pub redis_fail_open: Counter,
+    pub key_cache: Family<CacheLabels, Counter>,
     pub write_failures: Counter,
-    redis_failures: Gauge,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("intake_gateway");
-        let requests = Family::<RequestLabels, Counter>::default();
-        let latency = Family::<RequestLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 14)));
-        let write_failures = Counter::default();
-        let redis_failures = Gauge::default();
-        registry.register("requests", "HTTP requests by route and status", requests.clone());
-        registry.register("request_seconds", "HTTP request latency", latency.clone());
-        registry.register("write_failures", "Writes answered 500 (Kafka, timeout or writer failure)", write_failures.clone());
-        registry.register("ratelimit_unavailable", "Rate-limit checks let through because Redis did not answer", redis_failures.clone());
-        Metrics { registry, requests, latency, write_failures, redis_failures }
+        let seconds = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let metrics = Metrics {
+            registry: Arc::new(Registry::default()),
+            requests: Family::default(),
+            latency: Family::new_with_constructor(seconds),
+            kafka_roundtrip: seconds(),
+            writes_in_flight: Gauge::default(),
+            load_shed: Family::default(),
+            ratelimit_refused: Family::default(),
+            redis_fail_open: Counter::default(),
+            key_cache: Family::default(),
+            write_failures: Counter::default(),
+        };
+        registry.register("requests", "HTTP requests by route and status", metrics.requests.clone());
+        registry.register("request_seconds", "HTTP request latency", metrics.latency.clone());
+        registry.register("kafka_roundtrip_seconds", "From producing a chunk to its reply", metrics.kafka_roundtrip.clone());
+        registry.register("writes_in_flight", "Write requests admitted and not yet answered", metrics.writes_in_flight.clone());
+        registry.register("load_shed", "Requests refused with 503 service_unavailable, by reason", metrics.load_shed.clone());
+        registry.register("ratelimit_refused", "Requests refused with 429 rate_limited, by limit", metrics.ratelimit_refused.clone());
+        registry.register("redis_fail_open", "Rate-limit checks let through because Redis did not answer", metrics.redis_fail_open.clone());
+        registry.register("key_cache", "API key lookups by cache result (a miss is one PostgreSQL query)", metrics.key_cache.clone());
+        registry.register("write_failures", "Writes answered 500 (Kafka, timeout or writer failure)", metrics.write_failures.clone());
+        Metrics { registry: Arc::new(registry), ..metrics }
     }
 
     pub fn observe(&self, route: &'static str, status: u16, elapsed: Duration) {
@@ -46,8 +116,11 @@ impl Metrics {
         self.latency.get_or_create(&labels).observe(elapsed.as_secs_f64());
     }
 
-    pub fn render(&self, redis_failures: u64) -> Response {
-        self.redis_failures.set(i64::try_from(redis_failures).unwrap_or(i64::MAX));
+    pub fn shed(&self, reason: ShedReason) {
+        self.load_shed.get_or_create(&ShedLabels { reason }).inc();
+    }
+
+    pub fn render(&self) -> Response {
         let mut text = String::new();
         let _ = encode(&mut text, &self.registry);
         let mut response = http::Response::new(Full::new(Bytes::from(text)));

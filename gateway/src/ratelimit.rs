@@ -3,8 +3,9 @@
 //! request or write counts nothing. Redis unreachable or slow: the request passes (fail open).
 
 use crate::api_error::ApiError;
+use crate::metrics::{Limit, LimitLabels, Metrics};
 use redis::aio::ConnectionManager;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -49,11 +50,17 @@ pub struct RateLimiter {
     requests_per_window: u64,
     conversions_per_window: u64,
     last_warning: AtomicI64,
-    pub failures: AtomicU64,
+    metrics: Metrics,
 }
 
 impl RateLimiter {
-    pub fn new(url: &str, timeout: Duration, requests_per_window: u64, conversions_per_window: u64) -> anyhow::Result<Self> {
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        requests_per_window: u64,
+        conversions_per_window: u64,
+        metrics: Metrics,
+    ) -> anyhow::Result<Self> {
         Ok(RateLimiter {
             client: redis::Client::open(url)?,
             connection: Mutex::new(None),
@@ -62,7 +69,7 @@ impl RateLimiter {
             requests_per_window,
             conversions_per_window,
             last_warning: AtomicI64::new(0),
-            failures: AtomicU64::new(0),
+            metrics,
         })
     }
 
@@ -71,9 +78,9 @@ impl RateLimiter {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let window = now.div_euclid(WINDOW_SECS);
         let reset_secs = u64::try_from(WINDOW_SECS - now.rem_euclid(WINDOW_SECS)).unwrap_or(60);
-        let (name, limit) = match counter {
-            Counter::Requests => ("req", self.requests_per_window),
-            Counter::Conversions => ("cnv", self.conversions_per_window),
+        let (name, limit, label) = match counter {
+            Counter::Requests => ("req", self.requests_per_window, Limit::requests),
+            Counter::Conversions => ("cnv", self.conversions_per_window, Limit::conversions),
         };
         let key = format!("intake:rl:{key_id}:{name}:{window}");
         let (allowed, count) = match tokio::time::timeout(self.timeout, self.invoke(&key, cost, limit)).await {
@@ -82,6 +89,7 @@ impl RateLimiter {
             Err(_) => return Ok(self.fail_open("timed out")),
         };
         if allowed == 0 {
+            self.metrics.ratelimit_refused.get_or_create(&LimitLabels { limit: label }).inc();
             return Err(ApiError::RateLimited { retry_after_secs: reset_secs });
         }
         Ok(Some(Quota { limit, remaining: limit.saturating_sub(count), reset_secs }))
@@ -103,7 +111,7 @@ impl RateLimiter {
     }
 
     fn fail_open(&self, reason: &str) -> Option<Quota> {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.metrics.redis_fail_open.inc();
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let last = self.last_warning.load(Ordering::Relaxed);
         if now - last >= WARN_INTERVAL_SECS

@@ -3,14 +3,15 @@
 //! assignment (no consumer group), and a map of pending correlation ids hands each reply to the
 //! request waiting for it.
 
+use crate::metrics::Metrics;
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::conversion::Conversion;
 use intake_common::ids;
-use intake_common::message::{ChunkOutcome, ItemResult, WriteReply, WriteRequest, WriteRequestV1};
 use intake_common::kafka;
+use intake_common::message::{ChunkOutcome, ItemResult, WriteReply, WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,11 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<ChunkOutcome>>>>;
+/// The Kafka header that carries the request id to the writer, for its log lines.
+pub const REQUEST_ID_HEADER: &str = "request_id";
+
+/// How long one readiness probe of Kafka may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -30,10 +35,33 @@ pub enum WriteError {
     Failed,
 }
 
+/// The chunks waiting for their reply, and what tells whether the writers keep up.
+struct Waiting {
+    chunks: HashMap<String, Pending>,
+    /// When the map last went from empty to not empty.
+    busy_since: Instant,
+    /// When a reply last answered a chunk that was still waiting (a late reply, to a request
+    /// that gave up, is no sign of progress).
+    last_progress: Instant,
+}
+
+struct Pending {
+    sender: oneshot::Sender<ChunkOutcome>,
+    sent_at: Instant,
+}
+
+type Shared = Arc<Mutex<Waiting>>;
+
+fn lock(waiting: &Shared) -> std::sync::MutexGuard<'_, Waiting> {
+    waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 pub struct WriteClient {
     producer: FutureProducer,
-    pending: Pending,
+    consumer: Arc<StreamConsumer>,
+    waiting: Shared,
     requests_topic: String,
+    replies_topic: String,
     reply_partition: i32,
     timeout: Duration,
 }
@@ -41,7 +69,7 @@ pub struct WriteClient {
 impl WriteClient {
     /// Connects and starts reading replies from the current end of the reply partition, so
     /// that a reply to any request sent after this returns is seen.
-    pub async fn start(kafka: &KafkaArgs, reply_partition: i32, timeout: Duration) -> anyhow::Result<Arc<Self>> {
+    pub async fn start(kafka: &KafkaArgs, reply_partition: i32, timeout: Duration, metrics: Metrics) -> anyhow::Result<Arc<Self>> {
         let producer: FutureProducer = kafka::request_producer(kafka, timeout).create()?;
         let consumer: StreamConsumer = kafka::reply_reader(kafka).create()?;
         let consumer = Arc::new(consumer);
@@ -52,27 +80,39 @@ impl WriteClient {
         consumer.assign(&assignment)?;
         tracing::info!(%topic, reply_partition, offset = high, "reading replies");
 
-        let pending: Pending = Arc::default();
-        tokio::spawn(dispatch_replies(consumer, pending.clone()));
-        Ok(Arc::new(WriteClient { producer, pending, requests_topic: kafka.requests_topic.clone(), reply_partition, timeout }))
+        let now = Instant::now();
+        let waiting = Arc::new(Mutex::new(Waiting { chunks: HashMap::new(), busy_since: now, last_progress: now }));
+        tokio::spawn(dispatch_replies(consumer.clone(), waiting.clone(), metrics));
+        Ok(Arc::new(WriteClient {
+            producer,
+            consumer,
+            waiting,
+            requests_topic: kafka.requests_topic.clone(),
+            replies_topic: topic,
+            reply_partition,
+            timeout,
+        }))
     }
 
-    /// Sends the chunks in order and waits for every reply. Each chunk is sent only after the
-    /// broker acknowledged the one before, so chunks of one request cannot be reordered by a
-    /// producer retry. On an error, earlier chunks may be committed (SPEC 4.3).
+    /// Sends the chunks and waits for every reply, all within one deadline for the whole
+    /// request. The chunks are queued at once, in order: the producer keeps one request in flight
+    /// per broker (common/src/kafka.rs), so chunks of one partition keep their order through
+    /// retries, and a batch costs one round trip instead of one per chunk. On an error, earlier chunks may be committed
+    /// (SPEC 4.3).
     pub async fn write(
         &self,
+        request_id: &str,
         workspace_id: &str,
         chunks: Vec<Vec<Conversion>>,
         received_at_ms: i64,
     ) -> Result<Vec<Vec<ItemResult>>, WriteError> {
         let deadline = Instant::now() + self.timeout;
         let deadline_ms = now_ms() + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
-        let mut waiting = Vec::with_capacity(chunks.len());
+        let mut deliveries = Vec::with_capacity(chunks.len());
+        let mut replies = Vec::with_capacity(chunks.len());
         for items in chunks {
             let correlation_id = ids::correlation_id();
-            let (sender, receiver) = oneshot::channel();
-            let guard = PendingGuard::new(&self.pending, correlation_id.clone(), sender);
+            let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone());
             let request = WriteRequest::V1(WriteRequestV1 {
                 correlation_id,
                 reply_partition: self.reply_partition,
@@ -82,25 +122,58 @@ impl WriteClient {
                 items,
             });
             let payload = serde_json::to_vec(&request).map_err(|e| WriteError::Produce(e.to_string()))?;
-            let record = FutureRecord::to(&self.requests_topic).key(workspace_id).payload(&payload);
-            let queue_timeout = deadline.saturating_duration_since(Instant::now());
-            self.producer.send(record, queue_timeout).await.map_err(|(error, _)| WriteError::Produce(error.to_string()))?;
-            waiting.push((receiver, guard));
+            let headers = OwnedHeaders::new().insert(Header { key: REQUEST_ID_HEADER, value: Some(request_id) });
+            let record = FutureRecord::to(&self.requests_topic).key(workspace_id).payload(&payload).headers(headers);
+            let delivery = self.producer.send_result(record).map_err(|(error, _)| WriteError::Produce(error.to_string()))?;
+            deliveries.push(delivery);
+            replies.push((receiver, guard));
         }
-        let mut results = Vec::with_capacity(waiting.len());
-        for (receiver, _guard) in waiting {
-            match tokio::time::timeout_at(deadline, receiver).await {
-                Ok(Ok(ChunkOutcome::Applied { results: chunk })) => results.push(chunk),
-                Ok(Ok(ChunkOutcome::Failed)) => return Err(WriteError::Failed),
-                Ok(Err(_)) | Err(_) => return Err(WriteError::Timeout),
+        let all = async {
+            for delivery in deliveries {
+                match delivery.await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err((error, _))) => return Err(WriteError::Produce(error.to_string())),
+                    Err(_) => return Err(WriteError::Produce("the producer dropped the message".into())),
+                }
             }
-        }
-        Ok(results)
+            let mut results = Vec::with_capacity(replies.len());
+            for (receiver, _guard) in replies {
+                match receiver.await {
+                    Ok(ChunkOutcome::Applied { results: chunk }) => results.push(chunk),
+                    Ok(ChunkOutcome::Failed) => return Err(WriteError::Failed),
+                    Err(_) => return Err(WriteError::Timeout),
+                }
+            }
+            Ok(results)
+        };
+        tokio::time::timeout_at(deadline, all).await.unwrap_or(Err(WriteError::Timeout))
     }
 
-    /// Requests waiting for a reply now.
-    pub fn in_flight(&self) -> usize {
-        self.pending.lock().map(|p| p.len()).unwrap_or(0)
+    /// Whether the writers are behind: chunks wait, and none has been answered for `stall`.
+    pub fn writers_behind(&self, stall: Duration) -> bool {
+        let waiting = lock(&self.waiting);
+        !waiting.chunks.is_empty() && waiting.busy_since.max(waiting.last_progress).elapsed() >= stall
+    }
+
+    /// For readiness: the reply partition is assigned to this gateway and its leader answers,
+    /// and the broker knows the requests topic.
+    pub async fn probe(&self) -> Result<(), String> {
+        let consumer = self.consumer.clone();
+        let producer = self.producer.clone();
+        let (replies, partition, requests) = (self.replies_topic.clone(), self.reply_partition, self.requests_topic.clone());
+        let probe = move || -> Result<(), String> {
+            let assignment = consumer.assignment().map_err(|e| e.to_string())?;
+            if !assignment.elements_for_topic(&replies).iter().any(|e| e.partition() == partition) {
+                return Err("the reply partition is not assigned".into());
+            }
+            consumer.fetch_watermarks(&replies, partition, PROBE_TIMEOUT).map_err(|e| format!("reply partition: {e}"))?;
+            let metadata = producer.client().fetch_metadata(Some(&requests), PROBE_TIMEOUT).map_err(|e| e.to_string())?;
+            match metadata.topics().first() {
+                Some(topic) if topic.error().is_none() && !topic.partitions().is_empty() => Ok(()),
+                _ => Err("the requests topic is unknown to the broker".into()),
+            }
+        };
+        tokio::task::spawn_blocking(probe).await.map_err(|e| e.to_string())?
     }
 }
 
@@ -122,27 +195,33 @@ async fn reply_partition_end(consumer: &Arc<StreamConsumer>, topic: &str, partit
     }
 }
 
-/// Removes a correlation id from the pending map when its request stops waiting, whether it
+/// Removes a correlation id from the waiting map when its request stops waiting, whether it
 /// got its reply, timed out, or its client went away.
 struct PendingGuard {
-    pending: Pending,
+    waiting: Shared,
     correlation_id: String,
 }
 
 impl PendingGuard {
-    fn new(pending: &Pending, correlation_id: String, sender: oneshot::Sender<ChunkOutcome>) -> Self {
-        pending.lock().unwrap_or_else(|p| p.into_inner()).insert(correlation_id.clone(), sender);
-        PendingGuard { pending: pending.clone(), correlation_id }
+    fn register(waiting: &Shared, correlation_id: String) -> (oneshot::Receiver<ChunkOutcome>, Self) {
+        let (sender, receiver) = oneshot::channel();
+        let mut map = lock(waiting);
+        let now = Instant::now();
+        if map.chunks.is_empty() {
+            map.busy_since = now;
+        }
+        map.chunks.insert(correlation_id.clone(), Pending { sender, sent_at: now });
+        (receiver, PendingGuard { waiting: waiting.clone(), correlation_id })
     }
 }
 
 impl Drop for PendingGuard {
     fn drop(&mut self) {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.correlation_id);
+        lock(&self.waiting).chunks.remove(&self.correlation_id);
     }
 }
 
-async fn dispatch_replies(consumer: Arc<StreamConsumer>, pending: Pending) {
+async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metrics: Metrics) {
     loop {
         let message = match consumer.recv().await {
             Ok(message) => message,
@@ -159,11 +238,19 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer>, pending: Pending) {
                 continue;
             }
         };
-        let sender = pending.lock().unwrap_or_else(|p| p.into_inner()).remove(reply.correlation_id());
-        // No sender: a reply to a request that gave up waiting, or a redelivered reply.
-        if let Some(sender) = sender {
+        let pending = {
+            let mut map = lock(&waiting);
+            let pending = map.chunks.remove(reply.correlation_id());
+            if pending.is_some() {
+                map.last_progress = Instant::now();
+            }
+            pending
+        };
+        // None: a reply to a request that gave up waiting, or a redelivered reply.
+        if let Some(pending) = pending {
+            metrics.kafka_roundtrip.observe(pending.sent_at.elapsed().as_secs_f64());
             let WriteReply::V1(reply) = reply;
-            let _ = sender.send(reply.outcome);
+            let _ = pending.sender.send(reply.outcome);
         }
     }
 }

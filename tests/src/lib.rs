@@ -21,7 +21,7 @@ fn bin(name: &str) -> PathBuf {
     PathBuf::from(env("INTAKE_BIN_DIR")).join(name)
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
@@ -43,6 +43,8 @@ pub struct StackOptions {
     pub request_partitions: u32,
     /// Writers started with the stack (when `start_writer`).
     pub writers: usize,
+    /// More arguments for the gateway (`--max-connections 5`, ...).
+    pub gateway_args: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -59,6 +61,7 @@ impl Default for StackOptions {
             replication: 1,
             request_partitions: 4,
             writers: 1,
+            gateway_args: Vec::new(),
         }
     }
 }
@@ -135,6 +138,16 @@ impl Stack {
     }
 
     fn spawn_gateway(&self, port: u16, ops_port: u16) -> Child {
+        self.gateway_command(port, ops_port)
+            .stdout(self.log_file("gateway"))
+            .stderr(self.log_file("gateway"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the gateway: {e}"))
+    }
+
+    /// The command that starts this stack's gateway (its topics, database and options), for a
+    /// test that starts another one with some of it changed.
+    pub fn gateway_command(&self, port: u16, ops_port: u16) -> Command {
         let mut command = Command::new(bin("intake-gateway"));
         self.child_env(&mut command);
         let options = &self.options;
@@ -148,11 +161,8 @@ impl Stack {
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
         }
+        command.args(&options.gateway_args);
         command
-            .stdout(self.log_file("gateway"))
-            .stderr(self.log_file("gateway"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting the gateway: {e}"))
     }
 
     /// Starts one more writer in the stack's consumer group.
@@ -302,6 +312,13 @@ impl Stack {
         self.send(reqwest::Method::GET, path, Some(&key.bearer()), None).await
     }
 
+    /// The gateway's Prometheus metrics, as text.
+    pub async fn metrics(&self) -> Metrics {
+        let text = self.http.get(format!("{}/metrics", self.ops_url)).send().await
+            .unwrap_or_else(|e| panic!("scraping: {e}")).text().await.unwrap_or_default();
+        Metrics(text)
+    }
+
     /// Everything the stack's processes logged.
     pub fn logs(&self) -> String {
         ["gateway", "writer"]
@@ -343,6 +360,23 @@ impl Client {
 
     pub async fn post(&self, path: &str, key: &TestKey, body: &Value) -> Reply {
         self.send(reqwest::Method::POST, path, Some(&key.bearer()), Some(body)).await
+    }
+}
+
+/// A scrape of Prometheus metrics in the text format.
+#[derive(Debug)]
+pub struct Metrics(pub String);
+
+impl Metrics {
+    /// The value of one series, e.g. `intake_gateway_key_cache_total{result="miss"}`; labels in
+    /// the order the exporter writes them. 0 when the series is absent.
+    pub fn value(&self, series: &str) -> f64 {
+        self.0
+            .lines()
+            .filter_map(|line| line.rsplit_once(' '))
+            .find(|(name, _)| *name == series)
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0.0)
     }
 }
 

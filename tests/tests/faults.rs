@@ -141,7 +141,6 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     let postgres = PrivatePostgres::start_new();
     let options = StackOptions {
         database_url: Some(postgres.url()),
-        auth_cache_ttl_ms: 120_000, // the key stays known to the gateway while the database is away
         write_timeout_ms: 2_000,
         ..Default::default()
     };
@@ -175,4 +174,10 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     assert_eq!(stored, 3, "the writer retried through the outage and applied what was sent during it");
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
     assert!(stack.logs().contains("unavailable; retrying"), "the writer said it waits for the database");
+    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
+    let text = metrics.text().await.unwrap_or_default();
+    assert!(
+        text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)),
+        "the gateway answered from the last known key while the database was away: {text}"
+    );
 }

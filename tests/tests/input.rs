@@ -199,3 +199,31 @@ async fn wrong_method_on_a_known_path_and_query_on_write() {
     let reply = stack.send(Method::POST, "/v1/conversions?", Some(&key.bearer()), Some(&conversion("lead"))).await;
     assert_eq!(reply.error_code(), "query_not_allowed");
 }
+
+/// The cause of the old flakiness of `body_limits`: a body refused with 413 before it was read,
+/// while the client is still sending it. The server must close in stages (RFC 9112 9.6) so that
+/// every write of the client succeeds and it then reads the 413, instead of its writes failing on
+/// a reset connection ("error sending request"). Deterministic: the body goes out in pieces long
+/// after the 413 was sent.
+#[tokio::test]
+async fn a_client_still_sending_a_refused_body_reads_the_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let length = 2 * 1024 * 1024;
+    let address = stack.base_url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap_or_else(|e| panic!("{e}"));
+    let head = format!("POST /v1/conversions/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n", key.bearer());
+    stream.write_all(head.as_bytes()).await.unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let piece = vec![b' '; 64 * 1024];
+    for n in 0..length / piece.len() {
+        stream.write_all(&piece).await.unwrap_or_else(|e| panic!("write {n} failed after the 413: {e}"));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read_to_end(&mut response)).await;
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 413"), "{response}");
+    assert!(response.contains("payload_too_large"), "{response}");
+}

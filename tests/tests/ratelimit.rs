@@ -138,7 +138,7 @@ async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
     }
     let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"))
         .text().await.unwrap_or_default();
-    assert!(metrics.lines().any(|l| l.starts_with("intake_gateway_ratelimit_unavailable") && !l.ends_with(" 0")), "{metrics}");
+    assert!(metrics.lines().any(|l| l.starts_with("intake_gateway_redis_fail_open_total") && !l.ends_with(" 0")), "{metrics}");
     let warnings = stack.logs().matches("rate limiter unavailable").count();
     assert!((1..=3).contains(&warnings), "warned at most once per interval, got {warnings}");
 

@@ -1,0 +1,553 @@
+//! The gateway under bad clients and overload (issue 9, DESIGN 2.6), and what it tells its
+//! operator (issue 12: metrics, readiness, log lines): a panic is a 500 with its request id,
+//! slow and idle clients are cut off while well-behaved ones are served, overload is refused
+//! with 503 before the body is read, a write has one deadline, and an unknown key costs one query.
+
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{conversion, free_port, join_all, Stack, StackOptions};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|a| (*a).to_owned()).collect()
+}
+
+/// One HTTP/1.1 connection driven by hand: for clients a well-behaved library will not be
+/// (half a head, a body that never comes) and to see exactly when the server closes.
+struct Raw {
+    stream: TcpStream,
+    buffered: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// The error code, after checking the body's request_id against X-Request-ID.
+    fn error_code(&self) -> &str {
+        let request_id = self.header("x-request-id").unwrap_or_else(|| panic!("no X-Request-ID: {self:?}"));
+        assert_eq!(self.body["error"]["request_id"], json!(request_id), "{self:?}");
+        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code: {self:?}"))
+    }
+}
+
+impl Raw {
+    async fn connect(stack: &Stack) -> Raw {
+        let address = stack.base_url.trim_start_matches("http://");
+        let stream = TcpStream::connect(address).await.unwrap_or_else(|e| panic!("connect: {e}"));
+        Raw { stream, buffered: Vec::new() }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.unwrap_or_else(|e| panic!("write: {e}"));
+    }
+
+    /// Reads more into the buffer; false when the server closed (or reset) the connection.
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        match self.stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(read) => {
+                self.buffered.extend_from_slice(&chunk[..read]);
+                true
+            }
+        }
+    }
+
+    /// The next response (with a Content-Length body), or None if the connection closed first.
+    async fn response(&mut self) -> Option<RawResponse> {
+        let head_end = loop {
+            if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at;
+            }
+            if !self.fill().await {
+                return None;
+            }
+        };
+        let head = String::from_utf8_lossy(&self.buffered[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+            .collect();
+        let length: usize = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+        while self.buffered.len() < head_end + 4 + length {
+            if !self.fill().await {
+                return None;
+            }
+        }
+        let body: Vec<u8> = self.buffered.drain(..head_end + 4 + length).skip(head_end + 4).collect();
+        let body = serde_json_value(&body);
+        Some(RawResponse { status, headers, body })
+    }
+
+    /// How long until the server closes the connection, waiting at most `patience`.
+    async fn closed_after(&mut self, patience: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let read_to_end = async {
+            while self.fill().await {}
+        };
+        tokio::time::timeout(patience, read_to_end).await.ok().map(|()| started.elapsed())
+    }
+}
+
+fn serde_json_value(bytes: &[u8]) -> Value {
+    intake_tests::serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: intake\r\n\r\n").into_bytes()
+}
+
+/// A write's head with a Content-Length, and no body.
+fn write_head(path: &str, authorization: &str, length: usize) -> Vec<u8> {
+    format!("POST {path} HTTP/1.1\r\nHost: intake\r\nAuthorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
+        .into_bytes()
+}
+
+#[tokio::test]
+async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_lives_on() {
+    let stack = Stack::start_with(StackOptions { gateway_args: args(&["--panic-test-route"]), ..Default::default() }).await;
+    let mut connection = Raw::connect(&stack).await;
+    connection.send(&get("/_test/panic")).await;
+    let reply = connection.response().await.unwrap_or_else(|| panic!("the connection was dropped"));
+    assert_eq!((reply.status, reply.error_code()), (500, "internal_error"), "{reply:?}");
+    let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
+
+    // The same connection serves the next request.
+    connection.send(&get("/v1/openapi.json")).await;
+    let next = connection.response().await.unwrap_or_else(|| panic!("the connection did not survive the panic"));
+    assert_eq!(next.status, 200);
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logs = stack.logs();
+    let line = logs.lines().find(|l| l.contains("request panicked")).unwrap_or_else(|| panic!("no panic line in {logs}"));
+    assert!(line.contains(&request_id), "the panic is logged with the request id: {line}");
+    assert!(!logs.contains("the panic test route was called"), "a panic's message (it may quote input) is not logged");
+
+    // Without the flag there is no such route.
+    let plain = Stack::start().await;
+    let reply = plain.send(reqwest::Method::GET, "/_test/panic", None, None).await;
+    assert_eq!((reply.status, reply.error_code()), (404, "not_found"));
+}
+
+#[tokio::test]
+async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
+    let stack = Stack::start_with(StackOptions {
+        gateway_args: args(&["--header-read-timeout-ms", "1500", "--body-read-timeout-ms", "1000", "--keep-alive-timeout-ms", "500"]),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+
+    // Half a head, then nothing: closed after the header read timeout.
+    let mut half_head = Raw::connect(&stack).await;
+    half_head.send(format!("POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nContent-", key.bearer()).as_bytes()).await;
+    // A connection that sends nothing at all: the same.
+    let mut silent = Raw::connect(&stack).await;
+    let (half_head, silent) = tokio::join!(half_head.closed_after(Duration::from_secs(6)), silent.closed_after(Duration::from_secs(6)));
+    for (client, closed) in [("half a head", half_head), ("silent", silent)] {
+        let closed = closed.unwrap_or_else(|| panic!("{client}: still open after 6 s"));
+        assert!(closed >= Duration::from_millis(1300) && closed < Duration::from_secs(4), "{client}: closed after {closed:?}");
+    }
+
+    // A Content-Length and no body: 408 request_timeout after the body read timeout, then closed.
+    let mut no_body = Raw::connect(&stack).await;
+    let started = Instant::now();
+    no_body.send(&write_head("/v1/conversions", &key.bearer(), 200)).await;
+    let reply = no_body.response().await.unwrap_or_else(|| panic!("closed without a response"));
+    let took = started.elapsed();
+    assert_eq!((reply.status, reply.error_code()), (408, "request_timeout"), "{reply:?}");
+    assert_eq!(reply.header("connection"), Some("close"));
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "answered after {took:?}");
+    assert!(no_body.closed_after(Duration::from_secs(3)).await.is_some(), "closed after the 408");
+
+    // A body trickled a byte at a time: the deadline is for the whole body, not each read.
+    let body = conversion("lead").to_string();
+    let mut trickle = Raw::connect(&stack).await;
+    let started = Instant::now();
+    trickle.send(&write_head("/v1/conversions", &key.bearer(), body.len())).await;
+    for byte in body.as_bytes().iter().take(8) {
+        trickle.send(&[*byte]).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reply = trickle.response().await.unwrap_or_else(|| panic!("closed without a response"));
+    assert_eq!((reply.status, reply.error_code()), (408, "request_timeout"));
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    // Idle after a response: closed after the keep-alive timeout, well before the header timeout.
+    let mut idle = Raw::connect(&stack).await;
+    idle.send(&get("/v1/openapi.json")).await;
+    assert_eq!(idle.response().await.map(|r| r.status), Some(200));
+    let closed = idle.closed_after(Duration::from_secs(5)).await.unwrap_or_else(|| panic!("idle connection still open"));
+    assert!(closed >= Duration::from_millis(400) && closed < Duration::from_millis(1300), "idle closed after {closed:?}");
+}
+
+#[tokio::test]
+async fn well_behaved_clients_are_served_fast_while_100_slow_clients_hang() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let mut slow = Vec::new();
+    for n in 0..100 {
+        let mut client = Raw::connect(&stack).await;
+        if n % 2 == 0 {
+            client.send(format!("GET /v1/workspace HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nX-Slow: ", key.bearer()).as_bytes()).await;
+        } else {
+            client.send(&write_head("/v1/conversions", &key.bearer(), 500)).await;
+        }
+        slow.push(client);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut took = Vec::new();
+    for n in 0..30 {
+        let started = Instant::now();
+        let status = if n % 2 == 0 {
+            stack.get("/v1/workspace", &key).await.status
+        } else {
+            stack.post("/v1/conversions", &key, &conversion("lead")).await.status
+        };
+        took.push(started.elapsed());
+        assert!(status == 200 || status == 201, "{status}");
+    }
+    took.sort();
+    println!("with 100 slow clients hanging: median {:?}, max {:?}", took[took.len() / 2], took[took.len() - 1]);
+    assert!(took[took.len() / 2] < Duration::from_millis(250), "median {:?}", took[took.len() / 2]);
+    assert!(took[took.len() - 1] < Duration::from_secs(1), "slowest {:?}", took[took.len() - 1]);
+    drop(slow);
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    let stack = Stack::start_with(StackOptions {
+        gateway_args: args(&["--max-connections", "5", "--header-read-timeout-ms", "1500", "--keep-alive-timeout-ms", "200"]),
+        ..Default::default()
+    })
+    .await;
+    let mut holders = Vec::new();
+    for _ in 0..5 {
+        holders.push(Raw::connect(&stack).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let reply = stack.send(reqwest::Method::GET, "/v1/openapi.json", None, None).await;
+    let waited = started.elapsed();
+    assert_eq!(reply.status, 200, "a connection over the cap is served, not refused");
+    assert!(waited >= Duration::from_millis(1000), "it waited for a slot: {waited:?}");
+    assert!(waited < Duration::from_secs(4), "until the silent connections timed out: {waited:?}");
+}
+
+#[tokio::test]
+async fn requests_beyond_the_cap_in_flight_get_503_at_once() {
+    let stack = Stack::start_with(StackOptions {
+        start_writer: false,
+        write_timeout_ms: 3_000,
+        gateway_args: args(&["--max-requests-in-flight", "2"]),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let hanging: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, key) = (stack.client(), key.clone());
+            tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let reply = stack.get("/v1/workspace", &key).await;
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!((reply.status, reply.error_code()), (503, "service_unavailable"), "{reply:?}");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    for handle in hanging {
+        assert_eq!(handle.await.unwrap_or_default(), 500, "no writer: the deadline passes");
+    }
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "served again once the cap has room");
+    let metrics = stack.metrics().await;
+    assert_eq!(metrics.value("intake_gateway_load_shed_total{reason=\"requests_in_flight\"}"), 1.0, "{metrics:?}");
+}
+
+#[tokio::test]
+async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
+    let mut stack = Stack::start_with(StackOptions {
+        start_writer: false,
+        gateway_args: args(&["--max-writes-in-flight", "3"]),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let hanging: Vec<_> = (0..3)
+        .map(|_| {
+            let (client, key) = (stack.client(), key.clone());
+            tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stack.metrics().await.value("intake_gateway_writes_in_flight"), 3.0);
+
+    // The fourth write declares a body and sends none: answered at once, so the body was not awaited.
+    let mut fourth = Raw::connect(&stack).await;
+    let started = Instant::now();
+    fourth.send(&write_head("/v1/conversions/batch", &key.bearer(), 5000)).await;
+    let reply = fourth.response().await.unwrap_or_else(|| panic!("closed without a response"));
+    assert!(started.elapsed() < Duration::from_millis(500), "answered after {:?}", started.elapsed());
+    assert_eq!((reply.status, reply.error_code()), (503, "service_unavailable"), "{reply:?}");
+    let retry_after: u64 = reply.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(retry_after >= 1, "Retry-After in whole seconds: {reply:?}");
+    assert!(reply.header("ratelimit-remaining").is_some(), "it got past the request rate limit");
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not writes");
+
+    stack.start_writer();
+    for handle in hanging {
+        assert_eq!(handle.await.unwrap_or_default(), 201, "the writes in flight are answered once a writer runs");
+    }
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    let metrics = stack.metrics().await;
+    assert_eq!(metrics.value("intake_gateway_load_shed_total{reason=\"writes_in_flight\"}"), 1.0);
+    assert_eq!(metrics.value("intake_gateway_writes_in_flight"), 0.0);
+}
+
+#[tokio::test]
+async fn writes_get_503_while_the_writers_give_no_reply() {
+    let mut stack = Stack::start_with(StackOptions {
+        start_writer: false,
+        gateway_args: args(&["--reply-stall-ms", "1000"]),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let first = {
+        let (client, key) = (stack.client(), key.clone());
+        tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // A write has waited over the stall time with no reply: a new one is refused at once.
+    let started = Instant::now();
+    let reply = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert_eq!((reply.status, reply.error_code()), (503, "service_unavailable"), "{reply:?}");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+
+    // Replies come again: writes are admitted again.
+    stack.start_writer();
+    assert_eq!(first.await.unwrap_or_default(), 201);
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    let metrics = stack.metrics().await;
+    assert_eq!(metrics.value("intake_gateway_load_shed_total{reason=\"writers_behind\"}"), 1.0);
+}
+
+#[tokio::test]
+async fn a_batch_of_500_without_a_writer_answers_within_the_deadline() {
+    let stack = Stack::start_with(StackOptions { start_writer: false, write_timeout_ms: 2_000, ..Default::default() }).await;
+    let key = stack.workspace();
+    let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
+    let started = Instant::now();
+    let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
+    let took = started.elapsed();
+    assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));
+    assert!(took >= Duration::from_millis(1900) && took < Duration::from_millis(3000), "answered after {took:?}");
+
+    // Five chunks, each carrying the request id to the writer in a Kafka header.
+    let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
+    let headers = request_id_headers(&format!("{}.requests", stack.topic_prefix), 5);
+    assert_eq!(headers, vec![request_id; 5]);
+}
+
+/// The `request_id` header of the first `count` messages of a topic.
+fn request_id_headers(topic: &str, count: usize) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", intake_tests::env("INTAKE_KAFKA_BROKERS"))
+        .set("group.id", format!("inspect-{}", ulid::Ulid::new()))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap_or_else(|e| panic!("consumer: {e}"));
+    consumer.subscribe(&[topic]).unwrap_or_else(|e| panic!("subscribe: {e}"));
+    let mut found = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while found.len() < count && Instant::now() < deadline {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) {
+            let value = message
+                .headers()
+                .and_then(|headers| headers.iter().find(|h| h.key == "request_id").and_then(|h| h.value))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            found.push(value);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_unknown_key_cost_one_query() {
+    let stack = Stack::start().await;
+    let unknown = format!("Bearer svc_live_{}", ulid::Ulid::new());
+    let client = stack.client();
+    let replies = join_all((0..50).map(|_| {
+        let (client, unknown) = (client.clone(), unknown.clone());
+        async move { client.send(reqwest::Method::GET, "/v1/workspace", Some(&unknown), None).await.status }
+    }))
+    .await;
+    assert!(replies.iter().all(|status| *status == 401), "{replies:?}");
+    let metrics = stack.metrics().await;
+    assert_eq!(metrics.value("intake_gateway_key_cache_total{result=\"miss\"}"), 1.0, "one PostgreSQL query");
+    assert_eq!(metrics.value("intake_gateway_key_cache_total{result=\"hit\"}"), 49.0);
+
+    // Remembered briefly only: after the unknown-key time (1 s) it is looked up again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(stack.send(reqwest::Method::GET, "/v1/workspace", Some(&unknown), None).await.status, 401);
+    assert_eq!(stack.metrics().await.value("intake_gateway_key_cache_total{result=\"miss\"}"), 2.0);
+}
+
+#[tokio::test]
+async fn readiness_follows_kafka_and_postgresql_and_turns_on_sigterm_before_the_listener_closes() {
+    let mut stack = Stack::start_with(StackOptions {
+        start_writer: false,
+        gateway_args: args(&["--shutdown-delay-ms", "1500"]),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let ops_url = stack.ops_url.clone();
+    let ops = |path: &str| format!("{ops_url}{path}");
+    let http = stack.http.clone();
+    let status = |url: String| {
+        let http = http.clone();
+        async move { http.get(url).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    assert_eq!(status(ops("/readyz")).await, 200);
+    assert_eq!(status(ops("/healthz")).await, 200);
+
+    // A gateway whose PostgreSQL is unreachable and whose requests topic does not exist: alive,
+    // not ready, and says why.
+    let (port, ops_port) = (free_port(), free_port());
+    let mut broken = stack.gateway_command(port, ops_port);
+    broken
+        .env("DATABASE_URL", format!("postgres://postgres@127.0.0.1:{}/nothing", free_port()))
+        .env("INTAKE_REQUESTS_TOPIC", format!("{}.missing", stack.topic_prefix))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut broken = broken.spawn().unwrap_or_else(|e| panic!("{e}"));
+    let broken_ops = format!("http://127.0.0.1:{ops_port}");
+    let mut readyz = (0, Value::Null);
+    for _ in 0..100 {
+        if let Ok(response) = stack.http.get(format!("{broken_ops}/readyz")).send().await {
+            readyz = (response.status().as_u16(), response.json().await.unwrap_or(Value::Null));
+            if readyz.1["failing"].as_array().is_some_and(|f| f.len() == 2) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(readyz, (503, json!({ "status": "not_ready", "failing": ["postgres", "kafka"] })));
+    assert_eq!(status(format!("{broken_ops}/healthz")).await, 200);
+    let _ = broken.kill();
+    let _ = broken.wait();
+
+    // SIGTERM: not ready at once, while the API still serves (the shutdown delay) and answers
+    // what is in flight; then the listener closes and the gateway exits.
+    let in_flight = {
+        let (client, key) = (stack.client(), key.clone());
+        tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let exited = stack.terminate_gateway();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(status(ops("/readyz")).await, 503, "not ready from SIGTERM on");
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "still serving during the shutdown delay");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let refused = reqwest::Client::new().get(format!("{}/v1/openapi.json", stack.base_url)).send().await;
+    assert!(refused.is_err(), "the listener is closed after the delay");
+    stack.start_writer();
+    assert_eq!(in_flight.await.unwrap_or_default(), 201, "the write in flight was answered");
+    let status = tokio::task::spawn_blocking(move || exited.join().ok().flatten()).await.ok().flatten();
+    assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
+}
+
+/// Waits, if needed, for a new one-minute rate-limit window with at least `needed` seconds left.
+async fn start_of_a_window(needed: u64) {
+    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
+    if 60 - second < needed {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_cache() {
+    let stack = Stack::start_with(StackOptions { requests_per_minute: 6, conversions_per_minute: 3, ..Default::default() }).await;
+    let key = stack.workspace();
+    start_of_a_window(20).await;
+    for _ in 0..3 {
+        assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    }
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 429, "over the conversion limit");
+    for _ in 0..2 {
+        assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
+    }
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 429, "over the request limit");
+
+    let metrics = stack.metrics().await;
+    let expected = [
+        ("intake_gateway_requests_total{route=\"conversions\",status=\"201\"}", 3.0),
+        ("intake_gateway_requests_total{route=\"conversions\",status=\"429\"}", 1.0),
+        ("intake_gateway_requests_total{route=\"workspace\",status=\"200\"}", 2.0),
+        ("intake_gateway_requests_total{route=\"workspace\",status=\"429\"}", 1.0),
+        ("intake_gateway_request_seconds_count{route=\"conversions\",status=\"201\"}", 3.0),
+        ("intake_gateway_kafka_roundtrip_seconds_count", 3.0),
+        ("intake_gateway_writes_in_flight", 0.0),
+        ("intake_gateway_ratelimit_refused_total{limit=\"requests\"}", 1.0),
+        ("intake_gateway_ratelimit_refused_total{limit=\"conversions\"}", 1.0),
+        ("intake_gateway_redis_fail_open_total", 0.0),
+    ];
+    for (series, value) in expected {
+        assert_eq!(metrics.value(series), value, "{series} in\n{}", metrics.0);
+    }
+    let lookups = metrics.value("intake_gateway_key_cache_total{result=\"hit\"}") + metrics.value("intake_gateway_key_cache_total{result=\"miss\"}");
+    assert_eq!(lookups, 7.0, "one key lookup per authenticated request");
+    assert!(metrics.value("intake_gateway_key_cache_total{result=\"miss\"}") >= 1.0);
+    assert!(metrics.value("intake_gateway_kafka_roundtrip_seconds_sum") > 0.0);
+    for name in ["intake_gateway_load_shed", "intake_gateway_redis_fail_open", "intake_gateway_writes_in_flight"] {
+        assert!(metrics.0.contains(&format!("# TYPE {name} ")), "{name} is exported before it counts anything");
+    }
+}
+
+#[tokio::test]
+async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_value() {
+    let stack = Stack::start_with(StackOptions { gateway_args: args(&["--log-json"]), ..Default::default() }).await;
+    let key = stack.workspace();
+    let mut item = conversion("lead");
+    item["email"] = json!("logline-secret@example.com");
+    let mut bad = conversion("lead");
+    bad["event"] = json!("not valid!");
+    let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": [item, bad, conversion("lead")] })).await;
+    assert_eq!(reply.status, 200);
+    let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let gateway_log = std::fs::read_to_string(stack.log_dir.join("gateway.log")).unwrap_or_default();
+    let lines: Vec<Value> = gateway_log.lines().filter_map(|l| intake_tests::serde_json::from_str(l).ok()).collect();
+    let of_request: Vec<&Value> = lines.iter().filter(|l| l["fields"]["request_id"] == json!(request_id)).collect();
+    assert_eq!(of_request.len(), 1, "one line per request: {of_request:?}");
+    let fields = &of_request[0]["fields"];
+    assert_eq!(fields["message"], "request");
+    assert_eq!(fields["route"], "conversions_batch");
+    assert_eq!(fields["method"], "POST");
+    assert_eq!(fields["status"], 200);
+    assert_eq!(fields["workspace_id"], json!(key.workspace_id));
+    assert_eq!(fields["key_id"], json!(key.key_id));
+    assert_eq!(fields["items"], 3);
+    assert!(fields["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{fields}");
+    assert!(!gateway_log.contains("logline-secret") && !gateway_log.contains("not valid!"), "no value is logged");
+}
