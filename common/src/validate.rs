@@ -8,9 +8,9 @@
 use crate::conversion::{Conversion, Decimal, Event, ExternalId, ValidConversion, Warning};
 use crate::error::FieldError;
 use crate::normalize::{self, has_control_chars, pattern};
+use details::{Problems, ResponseBudget};
 use regex::Regex;
 use serde_json::{Map, Value};
-use details::{Problems, ResponseBudget};
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::sync::LazyLock;
@@ -26,6 +26,9 @@ pub enum Invalid {
     Fields(Vec<FieldError>),
     OccurredAtOutOfRange,
 }
+
+/// The items of a batch in input order, each valid or refused.
+pub type BatchItems = Vec<Result<ValidConversion, Invalid>>;
 
 /// [`Invalid`] before its details are capped: a batch shares one cap among its items.
 enum Refused {
@@ -69,8 +72,7 @@ pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion
 /// Validates a batch: the envelope `{conversions: [...]}` (its problems are the `Err`), then
 /// each item in order. An item that is not an object is an item error. The details of all
 /// refused items together stay within [`MAX_DETAILS_PER_RESPONSE`].
-#[allow(clippy::type_complexity)]
-pub fn validate_batch(input: &Value, now_ms: i64) -> Result<Vec<Result<ValidConversion, Invalid>>, Vec<FieldError>> {
+pub fn validate_batch(input: &Value, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
     let items = batch_items(input).map_err(|problems| problems.into_details(MAX_DETAILS_PER_ITEM))?;
     let checked: Vec<Result<ValidConversion, Refused>> = items.iter().map(|item| check_conversion(item, now_ms)).collect();
     let refused = checked.iter().filter(|item| matches!(item, Err(Refused::Fields(_)))).count();
