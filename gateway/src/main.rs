@@ -71,6 +71,7 @@ struct Config {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    intake_common::reference::print_if_asked::<Config>();
     let config = Config::parse();
     init_logging(&config.log);
     let pool = sqlx::postgres::PgPoolOptions::new()

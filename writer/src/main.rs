@@ -157,6 +157,7 @@ enum KeyCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    intake_common::reference::print_if_asked::<Cli>();
     let cli = Cli::parse();
     init_logging(&cli.log);
     match execute(cli.command).await {
