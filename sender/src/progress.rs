@@ -61,11 +61,11 @@ async fn tick(stopped: &mut watch::Receiver<bool>, every: Duration) -> bool {
 
 async fn bar(total: Arc<OnceLock<u64>>, counts: impl Fn() -> Counts, mut stopped: watch::Receiver<bool>) {
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed} {pos} rows, {per_sec} {msg}") {
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed} {pos} rows, {msg}") {
         bar.set_style(style);
     }
     // The bar, its length and its ETA once the total is known.
-    let mut known = ProgressStyle::with_template("{elapsed} [{wide_bar}] {pos}/{len} rows, {per_sec}, ETA {eta} {msg}")
+    let mut known = ProgressStyle::with_template("{elapsed} [{wide_bar}] {pos}/{len} rows, ETA {eta}, {msg}")
         .ok()
         .map(|style| style.progress_chars("=> "));
     loop {
@@ -75,7 +75,7 @@ async fn bar(total: Arc<OnceLock<u64>>, counts: impl Fn() -> Counts, mut stopped
         }
         let now = counts();
         bar.set_position(now.done());
-        bar.set_message(format!("({} failed, {} retries)", now.failed, now.retries));
+        bar.set_message(format!("{:.0} rows/s ({} failed, {} retries)", rate(&now), now.failed, now.retries));
         if !tick(&mut stopped, BAR_EVERY).await {
             break;
         }
@@ -91,7 +91,7 @@ async fn lines(total: Arc<OnceLock<u64>>, counts: impl Fn() -> Counts, mut stopp
 
 fn line(now: &Counts, total: Option<u64>) -> String {
     let done = now.done();
-    let rate = if now.seconds > 0.0 { done as f64 / now.seconds } else { 0.0 };
+    let rate = rate(now);
     let position = match total {
         Some(total) if total > 0 => {
             let eta = if rate > 0.0 { format!("{:.0} s", total.saturating_sub(done) as f64 / rate) } else { "?".to_owned() };
@@ -100,6 +100,15 @@ fn line(now: &Counts, total: Option<u64>) -> String {
         _ => format!("{done} rows, {rate:.0} rows/s"),
     };
     format!("{position}; {} failed, {} retries", now.failed, now.retries)
+}
+
+/// Rows done a second since the start (the bar's own rate would be of recent ticks only).
+fn rate(now: &Counts) -> f64 {
+    if now.seconds > 0.0 {
+        now.done() as f64 / now.seconds
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ impl Rejects {
         let file = File::create(path).with_context(|| format!("creating the rejects file {}", path.display()))?;
         Ok(match csv_header {
             Some(header) => {
-                let mut writer = csv::Writer::from_writer(file);
+                // Flexible: a row of the wrong length is written back as it was.
+                let mut writer = csv::WriterBuilder::new().flexible(true).from_writer(file);
                 writer.write_record(&header)?;
                 Rejects::Csv(Box::new(writer))
             }
