@@ -51,7 +51,7 @@ fn csv_line(index: usize, occurred_at: i64) -> String {
     let id = external_id(index);
     let parent = if index % 2 == 1 { external_id(index - 1) } else { String::new() };
     let (mut event, mut when, mut currency) = ("lead".to_owned(), occurred_at.to_string(), "EUR");
-    let identifiers = if index % 2 == 0 {
+    let identifiers = if index.is_multiple_of(2) {
         format!("buyer{index}@example.com,+14155550{:03},US,{index} Main St,10001", index % 1000)
     } else {
         ",,,,".to_owned()
