@@ -35,7 +35,9 @@ fn render(command: &Command, path: &str, out: &mut String) {
     if !args.is_empty() {
         let _ = writeln!(out, "### `{path}`\n");
         if let Some(about) = command.get_long_about().or(command.get_about()) {
-            let _ = writeln!(out, "{}\n", one_line(&about.to_string()));
+            let about = one_line(&about.to_string());
+            let stop = if about.ends_with('.') { "" } else { "." };
+            let _ = writeln!(out, "{about}{stop}\n");
         }
         out.push_str("| flag | variable | default | description |\n|---|---|---|---|\n");
         for arg in args {
@@ -81,18 +83,24 @@ fn default(arg: &Arg) -> String {
 }
 
 fn description(arg: &Arg) -> String {
-    let mut text = arg.get_long_help().or(arg.get_help()).map(|help| one_line(&help.to_string())).unwrap_or_default();
+    let mut sentences = Vec::new();
+    if let Some(help) = arg.get_long_help().or(arg.get_help()) {
+        sentences.push(one_line(&help.to_string()));
+    }
     let possible: Vec<String> = arg.get_possible_values().iter().filter(|v| !v.is_hide_set()).map(|v| code(v.get_name())).collect();
     if takes_value(arg) && !possible.is_empty() {
-        if !text.is_empty() {
-            text.push(' ');
-        }
-        let _ = write!(text, "One of {}.", possible.join(", "));
+        sentences.push(format!("One of {}", possible.join(", ")));
     }
     if arg.get_num_args().is_some_and(|n| n.max_values() > 1) || matches!(arg.get_action(), ArgAction::Append) {
-        text.push_str(" May be repeated.");
+        sentences.push("May be repeated".to_owned());
     }
-    text.trim().replace('|', "\\|")
+    // clap drops the full stop of a one-line help; every sentence gets one back.
+    let sentences: Vec<String> = sentences
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| if s.ends_with('.') { s } else { format!("{s}.") })
+        .collect();
+    sentences.join(" ").replace('|', "\\|")
 }
 
 /// Help text over several lines becomes one table cell.
@@ -146,11 +154,11 @@ mod tests {
     fn every_flag_has_its_variable_default_and_help() {
         let text = markdown(&Demo::command());
         assert!(text.contains("### `demo`\n"), "{text}");
-        assert!(text.contains("| `--listen <LISTEN>` | `DEMO_LISTEN` | `127.0.0.1:1` | Where to listen |"), "{text}");
-        assert!(text.contains("| `--verbose` | `DEMO_VERBOSE` |  | Talk \\| more |"), "{text}");
+        assert!(text.contains("| `--listen <LISTEN>` | `DEMO_LISTEN` | `127.0.0.1:1` | Where to listen. |"), "{text}");
+        assert!(text.contains("| `--verbose` | `DEMO_VERBOSE` |  | Talk \\| more. |"), "{text}");
         assert!(text.contains("| `--mode <MODE>` |  | `a` | One of `a`, `b`. |"), "{text}");
-        assert!(text.contains("### `demo run`\n\nRuns it\n"), "{text}");
-        assert!(text.contains("| `<INPUT>` |  | required | The input |"), "{text}");
+        assert!(text.contains("### `demo run`\n\nRuns it.\n"), "{text}");
+        assert!(text.contains("| `<INPUT>` |  | required | The input. |"), "{text}");
         assert!(text.contains("| `--tag <TAG>` |  |  | May be repeated. |"), "{text}");
         assert!(!text.contains("demo idle"), "a subcommand without arguments has no section: {text}");
         assert!(!text.contains("--help"), "{text}");
