@@ -122,10 +122,14 @@ impl Client {
         }
     }
 
+    /// Sleeps while a pause is in force, including one set by another sender meanwhile.
     async fn wait_for_pause(&self) {
-        let until = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(until) = until {
-            tokio::time::sleep_until(until).await;
+        loop {
+            let until = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+            match until {
+                Some(until) if until > Instant::now() => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
         }
     }
 }
