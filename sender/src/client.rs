@@ -94,7 +94,7 @@ impl Client {
                 .await;
             let attempt = match sent {
                 Ok(response) => judge(response, items).await,
-                Err(error) => Attempt::Retry { after: None, error: RowError::new("connection_failed", error.to_string()) },
+                Err(error) => Attempt::Retry { after: None, error: RowError::new("connection_failed", causes(&error)) },
             };
             match attempt {
                 Attempt::Done(outcome) => return outcome,
@@ -145,7 +145,7 @@ async fn judge(response: reqwest::Response, items: usize) -> Attempt {
     let body = response.bytes().await;
     let body = match body {
         Ok(body) => body,
-        Err(error) => return Attempt::Retry { after: None, error: RowError::new("connection_failed", error.to_string()) },
+        Err(error) => return Attempt::Retry { after: None, error: RowError::new("connection_failed", causes(&error)) },
     };
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let error = || {
@@ -164,6 +164,18 @@ async fn judge(response: reqwest::Response, items: usize) -> Attempt {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => Attempt::Done(Outcome::Fatal(error())),
         _ => Attempt::Done(Outcome::Failed(error())),
     }
+}
+
+/// The error and its causes ("error sending request" alone does not say what went wrong).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// `{"results": [...]}` as one result per item, or `None` when it is not that.
