@@ -9,6 +9,7 @@
 //! - [`kafka`]: every Kafka client setting of both programs (feature `service`).
 //! - [`service`]: the shutdown signal (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
+//! - [`reference`]: the configuration reference rendered from the clap definitions.
 
 pub mod config;
 pub mod conversion;
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod kafka;
 pub mod message;
 pub mod normalize;
+pub mod reference;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod validate;

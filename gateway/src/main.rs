@@ -121,6 +121,7 @@ const fn ms(millis: u64) -> Duration {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    intake_common::reference::print_if_asked::<Config>();
     let config = Config::parse();
     init_logging(&config.log);
     log_panics_without_their_message();

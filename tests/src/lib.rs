@@ -21,6 +21,16 @@ fn bin(name: &str) -> PathBuf {
     PathBuf::from(env("INTAKE_BIN_DIR")).join(name)
 }
 
+/// The `intake-send` binary, with none of its settings from the test's own environment.
+pub fn intake_send() -> Command {
+    let mut command = Command::new(bin("intake-send"));
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("INTAKE_SEND_")) {
+        command.env_remove(name);
+    }
+    command.env_remove("INTAKE_BASE_URL").env_remove("INTAKE_API_KEY");
+    command
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
@@ -317,6 +327,14 @@ impl Stack {
         let text = self.http.get(format!("{}/metrics", self.ops_url)).send().await
             .unwrap_or_else(|e| panic!("scraping: {e}")).text().await.unwrap_or_default();
         Metrics(text)
+    }
+
+    /// `intake-send` aimed at this stack with a key, both given through the environment as a
+    /// user would.
+    pub fn intake_send(&self, key: &TestKey) -> Command {
+        let mut command = intake_send();
+        command.env("INTAKE_BASE_URL", format!("{}/v1", self.base_url)).env("INTAKE_API_KEY", &key.secret);
+        command
     }
 
     /// Everything the stack's processes logged.

@@ -203,6 +203,7 @@ enum KeyCommand {
 
 #[tokio::main]
 async fn main() {
+    intake_common::reference::print_if_asked::<Cli>();
     let cli = Cli::parse();
     init_logging(&cli.log);
     // An explicit exit: a blocking task still waiting for an unreachable broker at shutdown

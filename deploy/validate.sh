@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Validates the multi-machine deployment files with the tools made for them, installing each
+# tool on first use (kept in ~/.cache/intake/deploy-tools; later runs install nothing):
+#
+# - Kubernetes manifests (k8s/): kubernetes-validate from PyPI, strict (unknown fields are
+#   errors), against Kubernetes 1.28 (the oldest with the pod-index label the gateways use) and
+#   1.37. It ships the API's JSON schemas, so it works offline; kubeconform would download them.
+# - Prometheus rules (prometheus/): promtool check rules, and promtool test rules on the
+#   synthetic series of alerts.test.yml. promtool is taken out of Debian's prometheus package
+#   without installing the package (which would start a Prometheus server).
+# - systemd units (systemd/): systemd-analyze verify, with the programs' paths pointed at
+#   stubs (it checks that ExecStart= is executable); any warning fails.
+#
+# Run by tests/tests/deploy_files.rs; by hand: deploy/validate.sh
+source "$(dirname "$0")/lib.sh"
+
+DEPLOY="$REPO/deploy"
+TOOLS="$INTAKE_CACHE/deploy-tools"
+KUBERNETES_VALIDATE_VERSION=1.37.0
+mkdir -p "$TOOLS/bin"
+
+install_kubernetes_validate() {
+    [ -x "$TOOLS/venv/bin/kubernetes-validate" ] && return
+    say "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI (once)"
+    python3 -m venv "$TOOLS/venv" 2>/dev/null || { install_python_venv; python3 -m venv "$TOOLS/venv"; }
+    "$TOOLS/venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+}
+
+install_promtool() {
+    [ -x "$TOOLS/bin/promtool" ] && return
+    say "extracting promtool from Debian's prometheus package (once)"
+    local dir
+    dir="$(mktemp -d)"
+    # apt-get download needs no root, only package lists: fetch them when it finds none.
+    (cd "$dir" && apt-get download -q prometheus >/dev/null 2>&1) || {
+        as_root apt-get update -qq
+        (cd "$dir" && apt-get download -q prometheus >/dev/null 2>&1)
+    }
+    dpkg-deb --fsys-tarfile "$dir"/prometheus_*.deb | tar -x -O ./usr/bin/promtool >"$TOOLS/bin/promtool.part"
+    chmod +x "$TOOLS/bin/promtool.part"
+    mv "$TOOLS/bin/promtool.part" "$TOOLS/bin/promtool"
+    rm -rf "$dir"
+}
+
+install_systemd_analyze() {
+    command -v systemd-analyze >/dev/null && return
+    say "installing systemd (for systemd-analyze)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
+}
+
+check_manifests() {
+    local version
+    for version in 1.28.0 1.37.0; do
+        "$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$version" "$DEPLOY"/k8s/*.yaml
+    done
+    echo "ok: Kubernetes manifests (deploy/k8s, strict, Kubernetes 1.28 and 1.37)"
+}
+
+check_rules() {
+    "$TOOLS/bin/promtool" check rules "$DEPLOY/prometheus/alerts.yml" >/dev/null
+    (cd "$DEPLOY/prometheus" && "$TOOLS/bin/promtool" test rules alerts.test.yml >/dev/null)
+    echo "ok: Prometheus rules (deploy/prometheus: promtool check rules, promtool test rules)"
+}
+
+check_units() {
+    local dir unit program output
+    dir="$(mktemp -d)"
+    mkdir "$dir/bin"
+    for program in intake-gateway intake-writer; do
+        printf '#!/bin/sh\n' >"$dir/bin/$program"
+        chmod +x "$dir/bin/$program"
+    done
+    for unit in "$DEPLOY"/systemd/*.service; do
+        sed "s#/usr/local/bin/#$dir/bin/#g" "$unit" >"$dir/$(basename "$unit")"
+    done
+    # The template is verified through an instance, so that %i is expanded.
+    local status=0
+    output="$(cd "$dir" && systemd-analyze verify --man=no ./intake-gateway@0.service ./intake-writer.service ./intake-migrate.service 2>&1)" || status=$?
+    rm -rf "$dir"
+    if [ "$status" != 0 ] || [ -n "$output" ]; then
+        echo "$output" >&2
+        echo "FAILED: systemd units (deploy/systemd)" >&2
+        return 1
+    fi
+    echo "ok: systemd units (deploy/systemd: systemd-analyze verify)"
+}
+
+install_kubernetes_validate
+install_promtool
+install_systemd_analyze
+check_manifests
+check_rules
+check_units

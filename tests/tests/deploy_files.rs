@@ -1,0 +1,61 @@
+//! The multi-machine deployment files (`deploy/k8s`, `deploy/prometheus`, `deploy/systemd`)
+//! through their own validators, and the settings they name against the programs' flags.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn deployment_files_pass_their_validators() {
+    // Installs kubernetes-validate, promtool and systemd-analyze on first use.
+    let output = Command::new("bash")
+        .arg(repo().join("deploy/validate.sh"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running deploy/validate.sh: {e}"));
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "deploy/validate.sh failed:\n{printed}");
+    for checked in ["Kubernetes manifests", "Prometheus rules", "systemd units"] {
+        assert!(printed.contains(&format!("ok: {checked}")), "{checked} were not checked:\n{printed}");
+    }
+}
+
+/// Words of `text` that look like a setting's environment variable.
+fn variables(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|word| (word.starts_with("INTAKE_") && word.len() > 7) || *word == "DATABASE_URL")
+        .map(str::to_owned)
+        .collect()
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn deployment_files_set_only_settings_the_programs_have() {
+    let bin = PathBuf::from(intake_tests::env("INTAKE_BIN_DIR"));
+    let mut known = BTreeSet::new();
+    for program in ["intake-gateway", "intake-writer"] {
+        let output = Command::new(bin.join(program)).arg("--config-reference").output().unwrap_or_else(|e| panic!("{program}: {e}"));
+        known.extend(variables(&String::from_utf8_lossy(&output.stdout)));
+    }
+    assert!(known.contains("INTAKE_REPLY_PARTITION") && known.contains("DATABASE_URL"), "{known:?}");
+    for dir in ["deploy/k8s", "deploy/systemd", "deploy/prometheus"] {
+        for file in files(&repo().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let unknown: Vec<String> = variables(&text).difference(&known).cloned().collect();
+            assert!(unknown.is_empty(), "{} names settings no program has: {unknown:?}", file.display());
+        }
+    }
+}
