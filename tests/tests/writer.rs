@@ -114,3 +114,24 @@ async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newe
     assert_eq!(value(x.clone()).await, "2", "the newer value stays");
     assert_eq!(value(y.clone()).await, "1", "what had no newer write is applied");
 }
+
+#[tokio::test]
+async fn a_request_can_be_followed_from_the_gateway_into_the_writer_by_its_request_id() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let reply = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!(reply.status, 201);
+    let request_id = reply.header("x-request-id").unwrap_or_else(|| panic!("no request id: {reply:?}")).to_owned();
+    let mut logs = String::new();
+    for _ in 0..50 {
+        logs = stack.logs();
+        if logs.lines().filter(|l| l.contains(&request_id)).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gateway_line = logs.lines().find(|l| l.contains(&request_id) && l.contains("intake_gateway"));
+    let writer_line = logs.lines().find(|l| l.contains(&request_id) && l.contains("intake_writer"));
+    assert!(gateway_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains(&key.key_id)), "{logs}");
+    assert!(writer_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains("applied")), "{logs}");
+}
