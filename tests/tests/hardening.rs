@@ -304,7 +304,10 @@ async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
     assert_eq!((reply.status, reply.error_code()), (503, "service_unavailable"), "{reply:?}");
     let retry_after: u64 = reply.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
     assert!(retry_after >= 1, "Retry-After in whole seconds: {reply:?}");
-    assert!(reply.header("ratelimit-remaining").is_some(), "it got past the request rate limit");
+    // Past the request rate limit: its headers are there, unless Redis was slow to answer on a
+    // loaded machine and the check let the request through (fail-open, counted).
+    let failed_open = stack.metrics().await.value("intake_gateway_redis_fail_open_total") > 0.0;
+    assert!(reply.header("ratelimit-remaining").is_some() || failed_open, "it got past the request rate limit: {reply:?}");
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not writes");
 
     stack.start_writer();
