@@ -1,25 +1,67 @@
 #!/usr/bin/env bash
-# The benchmarks, one command: the validation micro-benchmark (criterion) and the end-to-end
-# load benchmark (release build, real HTTP, real PostgreSQL, Redis and broker). Prints markdown
-# to paste into BENCHMARKS.md together with the machine it ran on.
+# The benchmark (issue 10), one command. Starts what is missing (PostgreSQL, Redis, Kafka: the
+# ones already running are reused, never stopped), recreates the benchmark database, builds the
+# release binaries, and runs every scenario in one run with the load generator
+# (tests/src/bin/loadgen): gateways and writers of its own on topics of its own, the
+# direct_apply and pg_upsert baselines, a CPU profile, and batch_ingest with 1 and 2 gateways
+# and writers. Writes bench/report.json and bench/report.md (and bench/profile/).
+#
+#   deploy/bench.sh                 the full run (about 12 minutes)
+#   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
+#   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
+#   deploy/bench.sh --no-scale --no-profile --micro
+#
+# Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
+# INTAKE_BENCH_GATEWAYS, ... see tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names
+# the database (default intake_bench; it is dropped and created again).
 source "$(dirname "$0")/lib.sh"
 
-start_infrastructure
-create_database intake_bench
-export DATABASE_URL="$(database_url intake_bench)"
-say "building the release binaries"
-(cd "$REPO" && cargo build --release --workspace --bins --quiet)
-"$CARGO_TARGET_DIR/release/intake-writer" migrate >/dev/null
-export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release"
+micro=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" INTAKE_BENCH_WARMUP_SECONDS=2 \
+                        INTAKE_BENCH_PROFILE_SECONDS=5 INTAKE_BENCH_SCALE=0 ;;
+        --seconds) export INTAKE_BENCH_SECONDS="$2"; shift ;;
+        --gateways) export INTAKE_BENCH_GATEWAYS="$2"; shift ;;
+        --writers) export INTAKE_BENCH_WRITERS="$2"; shift ;;
+        --no-scale) export INTAKE_BENCH_SCALE=0 ;;
+        --no-profile) export INTAKE_BENCH_PROFILE_SECONDS=0 ;;
+        --micro) micro=1 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) say "unknown option $1 (see --help)"; exit 2 ;;
+    esac
+    shift
+done
 
-echo "## $(date -u +%Y-%m-%d) on $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB"
-echo
-echo "Broker: Tansu $TANSU_VERSION (memory storage), INTAKE_KAFKA_OPTIONS=$INTAKE_KAFKA_OPTIONS"
-echo
-echo "### End to end (\`deploy/bench.sh\`, ${INTAKE_BENCH_SECONDS:-10} s a scenario)"
-echo
+start_infrastructure
+command -v pgbench >/dev/null || { say "installing pgbench"; as_root apt-get install -y -qq postgresql-contrib >/dev/null; }
+if [ "${INTAKE_BENCH_PROFILE_SECONDS:-10}" != 0 ]; then
+    command -v perf >/dev/null || { say "installing linux-perf (for the profile)"; as_root apt-get install -y -qq linux-perf >/dev/null || true; }
+    export PATH="$INTAKE_CACHE/tools/bin:$PATH"
+    if ! command -v inferno-flamegraph >/dev/null; then
+        say "installing inferno (flamegraphs; once, into $INTAKE_CACHE/tools)"
+        cargo install --quiet --locked inferno --root "$INTAKE_CACHE/tools" || say "inferno did not install: no flamegraph"
+    fi
+fi
+
+database="${INTAKE_BENCH_DATABASE:-intake_bench}"
+# A fresh database each run, so that two runs start from the same (empty) tables.
+psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null
+create_database "$database"
+export DATABASE_URL="$(database_url "$database")"
+
+say "building the release binaries ($CARGO_TARGET_DIR/release)"
+(cd "$REPO" && cargo build --release --workspace --bins --quiet)
+export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release"
+"$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
+export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
+
+cd "$REPO"
 "$INTAKE_BIN_DIR/loadgen"
-echo
-echo "### validate + normalize + hash, one item (\`cargo bench -p intake-common --bench validate\`)"
-echo
-(cd "$REPO" && cargo bench -p intake-common --bench validate -- --noplot 2>/dev/null | grep -E 'time:|thrpt:|^validate' | sed 's/^/    /')
+
+if [ "$micro" = 1 ]; then
+    say "validate + normalize + hash, one item (criterion): bench/micro.txt"
+    cargo bench -p intake-common --bench validate -- --noplot 2>/dev/null | grep -E 'time:|thrpt:|^validate' >bench/micro.txt
+fi
+sed -n '/^## Targets/,/^## Scenarios/p' bench/report.md | sed '$d'
+say "full report: bench/report.md, bench/report.json"

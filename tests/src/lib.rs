@@ -55,6 +55,8 @@ pub struct StackOptions {
     pub writers: usize,
     /// More arguments for the gateway (`--max-connections 5`, ...).
     pub gateway_args: Vec<String>,
+    /// Gateways started with the stack, each reading a reply partition of its own.
+    pub gateways: usize,
 }
 
 impl Default for StackOptions {
@@ -72,6 +74,7 @@ impl Default for StackOptions {
             request_partitions: 4,
             writers: 1,
             gateway_args: Vec::new(),
+            gateways: 1,
         }
     }
 }
@@ -83,6 +86,9 @@ pub struct Stack {
     pub log_dir: PathBuf,
     pub topic_prefix: String,
     gateway: Child,
+    /// Gateways beyond the first (`StackOptions::gateways`), and their API addresses.
+    more_gateways: Vec<Child>,
+    pub more_base_urls: Vec<String>,
     writers: Vec<Child>,
     /// The ops address of each running writer, in the order of `writers`.
     pub writer_ops_urls: Vec<String>,
@@ -106,21 +112,36 @@ impl Stack {
             log_dir,
             topic_prefix,
             gateway: Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")),
+            more_gateways: Vec::new(),
+            more_base_urls: Vec::new(),
             writers: Vec::new(),
             writer_ops_urls: Vec::new(),
             options,
         };
         let (partitions, replication) = (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
+        // Gateway i reads reply partition i + 1.
+        let reply_partitions = (stack.options.gateways.max(1) + 1).to_string();
         stack
-            .run_writer_command(&["topics", "--request-partitions", &partitions, "--reply-partitions", "2", "--replication", &replication])
+            .run_writer_command(&["topics", "--request-partitions", &partitions, "--reply-partitions", &reply_partitions, "--replication", &replication])
             .unwrap_or_else(|e| panic!("creating topics: {e:#}"));
-        stack.gateway = stack.spawn_gateway(port, ops_port);
+        stack.gateway = stack.spawn_gateway(port, ops_port, 1);
+        let mut more_ops_urls = Vec::new();
+        for index in 1..stack.options.gateways {
+            let (port, ops_port) = (free_port(), free_port());
+            let reply_partition = i32::try_from(index + 1).unwrap_or(i32::MAX);
+            stack.more_gateways.push(stack.spawn_gateway(port, ops_port, reply_partition));
+            stack.more_base_urls.push(format!("http://127.0.0.1:{port}"));
+            more_ops_urls.push(format!("http://127.0.0.1:{ops_port}"));
+        }
         if stack.options.start_writer {
             for _ in 0..stack.options.writers {
                 stack.start_writer();
             }
         }
-        stack.wait_ready().await;
+        stack.wait_ready(&stack.ops_url).await;
+        for ops_url in &more_ops_urls {
+            stack.wait_ready(ops_url).await;
+        }
         stack
     }
 
@@ -147,17 +168,17 @@ impl Stack {
             .unwrap_or_else(|e| panic!("log file: {e}"))
     }
 
-    fn spawn_gateway(&self, port: u16, ops_port: u16) -> Child {
-        self.gateway_command(port, ops_port)
+    fn spawn_gateway(&self, port: u16, ops_port: u16, reply_partition: i32) -> Child {
+        self.gateway_command(port, ops_port, reply_partition)
             .stdout(self.log_file("gateway"))
             .stderr(self.log_file("gateway"))
             .spawn()
             .unwrap_or_else(|e| panic!("starting the gateway: {e}"))
     }
 
-    /// The command that starts this stack's gateway (its topics, database and options), for a
-    /// test that starts another one with some of it changed.
-    pub fn gateway_command(&self, port: u16, ops_port: u16) -> Command {
+    /// The command that starts one of this stack's gateways (its topics, database and options),
+    /// for a test that starts another one with some of it changed.
+    pub fn gateway_command(&self, port: u16, ops_port: u16, reply_partition: i32) -> Command {
         let mut command = Command::new(bin("intake-gateway"));
         self.child_env(&mut command);
         let options = &self.options;
@@ -167,7 +188,7 @@ impl Stack {
             .args(["--auth-cache-ttl-ms", &options.auth_cache_ttl_ms.to_string()])
             .args(["--requests-per-minute", &options.requests_per_minute.to_string()])
             .args(["--conversions-per-minute", &options.conversions_per_minute.to_string()])
-            .args(["--reply-partition", "1"]);
+            .args(["--reply-partition", &reply_partition.to_string()]);
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
         }
@@ -247,10 +268,16 @@ impl Stack {
         std::thread::spawn(move || gateway.wait().ok())
     }
 
-    async fn wait_ready(&self) {
+    /// Process ids of the gateways and of the writers (for the benchmark's CPU and memory).
+    pub fn pids(&self) -> (Vec<u32>, Vec<u32>) {
+        let gateways = std::iter::once(&self.gateway).chain(&self.more_gateways).map(Child::id).collect();
+        (gateways, self.writers.iter().map(Child::id).collect())
+    }
+
+    async fn wait_ready(&self, ops_url: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if let Ok(response) = self.http.get(format!("{}/readyz", self.ops_url)).send().await {
+            if let Ok(response) = self.http.get(format!("{ops_url}/readyz")).send().await {
                 if response.status().is_success() {
                     return;
                 }
@@ -268,9 +295,8 @@ impl Stack {
     /// The same, with `input` on the command's standard input.
     pub fn run_writer_command_with_input(&self, args: &[&str], input: &str) -> Result<Value> {
         use std::io::Write;
-        let mut command = Command::new(bin("intake-writer"));
-        self.child_env(&mut command);
-        let mut child = command
+        let mut child = self
+            .writer_command()
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -285,6 +311,13 @@ impl Stack {
             bail!("intake-writer {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
         }
         serde_json::from_slice(&output.stdout).context("intake-writer printed no JSON")
+    }
+
+    /// An `intake-writer` command with this stack's environment (topics, group, database).
+    pub fn writer_command(&self) -> Command {
+        let mut command = Command::new(bin("intake-writer"));
+        self.child_env(&mut command);
+        command
     }
 
     /// A new workspace with one key of the given scopes.
@@ -349,8 +382,10 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        let _ = self.gateway.kill();
-        let _ = self.gateway.wait();
+        for gateway in std::iter::once(&mut self.gateway).chain(&mut self.more_gateways) {
+            let _ = gateway.kill();
+            let _ = gateway.wait();
+        }
         for writer in &mut self.writers {
             let _ = writer.kill();
             let _ = writer.wait();

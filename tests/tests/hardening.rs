@@ -436,7 +436,7 @@ async fn readiness_follows_kafka_and_postgresql_and_turns_on_sigterm_before_the_
     // A gateway whose PostgreSQL is unreachable and whose requests topic does not exist: alive,
     // not ready, and says why.
     let (port, ops_port) = (free_port(), free_port());
-    let mut broken = stack.gateway_command(port, ops_port);
+    let mut broken = stack.gateway_command(port, ops_port, 1);
     broken
         .env("DATABASE_URL", format!("postgres://postgres@127.0.0.1:{}/nothing", free_port()))
         .env("INTAKE_REQUESTS_TOPIC", format!("{}.missing", stack.topic_prefix))

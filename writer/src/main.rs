@@ -3,6 +3,7 @@
 //! stdout, or exits non-zero with a message on stderr.
 
 mod admin;
+mod bench;
 mod consume;
 mod dlq;
 mod erase;
@@ -118,6 +119,19 @@ enum Command {
         topic: Option<String>,
         #[command(flatten)]
         kafka: KafkaArgs,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// The direct_apply baseline of deploy/bench.sh (writer/src/bench.rs); not an operator command.
+    #[command(hide = true)]
+    BenchApply {
+        /// One batch a line: a JSON array of its request messages.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
         #[command(flatten)]
         database: DatabaseArgs,
     },
@@ -282,6 +296,10 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
             let newer = if topic == kafka.dlq_topic { replay::Newer::Keep } else { replay::Newer::Overwrite };
             replay::replay(&pool, &kafka, &topic, start, newer).await
+        }
+        Command::BenchApply { from, seconds, concurrency, database } => {
+            let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
+            bench::apply_batches(&pool, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency }).await
         }
         Command::Erase { workspace, kind, country, from, database } => {
             let value = erase::read_value(from.as_deref())?;

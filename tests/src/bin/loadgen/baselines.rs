@@ -1,0 +1,178 @@
+//! The two baselines measured in the same run:
+//!
+//! - `direct_apply`: the writer's own apply code (`intake-writer bench-apply`, hidden, see
+//!   `writer/src/bench.rs`) on the 500-item batches of `batch_ingest`, validated and hashed as
+//!   the gateway does and split into chunks of 100; no HTTP, no Kafka. One batch per
+//!   transaction, one batch at a time (one writer applies one group at a time).
+//! - `pg_upsert`: pgbench upserting 100 generated rows per transaction into a copy of the
+//!   `conversions` table (same columns and indexes, no foreign keys), 2 clients: the ceiling of
+//!   the write stage on this machine.
+
+use crate::bodies::{Generator, BATCH_ITEMS};
+use crate::machine::Roles;
+use crate::measure::{Measured, Recorder};
+use intake_common::message::{WriteRequestV1, MAX_CHUNK_ITEMS};
+use intake_tests::serde_json::{self, Value};
+use intake_tests::{Stack, TestKey};
+use std::path::Path;
+use std::time::Duration;
+
+/// Writes `batches` batches of `batch_ingest`'s shape, as the writer receives them, one batch a
+/// line; returns the file.
+fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let generator = Generator::new("direct");
+    let now = intake_tests::now_ms();
+    let mut text = String::new();
+    for b in 0..batches {
+        let body: Value = serde_json::from_slice(&generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS))?;
+        let items = intake_common::validate::validate_batch_envelope(&body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let conversions = items
+            .iter()
+            .map(|item| intake_common::validate::validate_conversion(item, now).map(|v| v.conversion))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("generated item refused: {e:?}"))?;
+        let workspace_id = &keys[b % keys.len()].workspace_id;
+        let chunks: Vec<WriteRequestV1> = conversions
+            .chunks(MAX_CHUNK_ITEMS)
+            .enumerate()
+            .map(|(c, items)| WriteRequestV1 {
+                correlation_id: format!("bench-direct-{}-{b}-{c}", ulid::Ulid::new()),
+                reply_partition: 0,
+                deadline_ms: now + 60_000,
+                received_at_ms: now,
+                workspace_id: workspace_id.clone(),
+                items: items.to_vec(),
+            })
+            .collect();
+        text.push_str(&serde_json::to_string(&chunks)?);
+        text.push('\n');
+    }
+    let path = dir.join("direct_apply_batches.jsonl");
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+#[derive(serde::Deserialize)]
+struct BenchApplyOutput {
+    items: u64,
+    seconds: f64,
+    latencies_us: Vec<u64>,
+}
+
+/// Returns the measurement and the cores used meanwhile (the applying process as "writer").
+pub async fn direct_apply(
+    stack: &Stack,
+    keys: &[TestKey],
+    roles: &Roles,
+    duration: Duration,
+    concurrency: usize,
+    batches: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
+    let file = prepare_batches(keys, batches, dir)?;
+    let mut command = tokio::process::Command::from(stack.writer_command());
+    command
+        .args(["bench-apply", "--from"])
+        .arg(&file)
+        .args(["--seconds", &duration.as_secs().to_string(), "--concurrency", &concurrency.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = command.spawn()?;
+    let roles = Roles { writers: child.id().into_iter().collect(), ..roles.clone() };
+    let cores = tokio::spawn(roles.cores_during(duration));
+    let output = child.wait_with_output().await?;
+    let _ = std::fs::remove_file(&file);
+    anyhow::ensure!(output.status.success(), "intake-writer bench-apply: {}", String::from_utf8_lossy(&output.stderr));
+    let applied: BenchApplyOutput = serde_json::from_slice(&output.stdout)?;
+    let mut recorder = Recorder::new();
+    let per_batch = applied.items / (applied.latencies_us.len().max(1) as u64);
+    for micros in &applied.latencies_us {
+        recorder.record(Duration::from_micros(*micros), Ok(per_batch));
+    }
+    recorder.items = applied.items;
+    let measured = Measured {
+        recorder,
+        elapsed: Duration::from_secs_f64(applied.seconds),
+        concurrency: format!("{concurrency} applying at a time, 1 batch (5 chunks) per transaction"),
+    };
+    Ok((measured, cores.await.unwrap_or_default()))
+}
+
+const PG_UPSERT_TABLE: &str = "bench_pg_upsert";
+
+/// 100 rows per transaction, each row as wide as a conversion with every identifier, one in
+/// three linked to the row before; always new rows (the insert path, as in batch_ingest).
+const PG_UPSERT_SCRIPT: &str = r#"\set w random(0, 49)
+INSERT INTO bench_pg_upsert (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
+                             visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
+                             country, value, currency, tags)
+SELECT 'cnv_' || u, 'ws_bench_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
+       CASE WHEN g % 3 = 1 THEN lag(u) OVER (ORDER BY g) END, now() - interval '1 minute',
+       'v' || left(md5(u), 15), left(md5(u || 'c'), 12), 'contact-' || u,
+       md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
+       'US', 129.90, 'USD', '{"plan": "pro"}'
+  FROM (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g) AS generated
+ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
+       chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
+       occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
+       contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
+       phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
+       country = excluded.country, value = excluded.value, currency = excluded.currency,
+       hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now();
+"#;
+
+pub const PG_UPSERT_ROWS: u64 = 100;
+
+pub async fn pg_upsert(
+    db: &sqlx::PgPool,
+    database_url: &str,
+    roles: &Roles,
+    duration: Duration,
+    clients: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
+    // LIKE copies columns, defaults, NOT NULL, the primary key, the unique constraint and the
+    // indexes; never foreign keys.
+    sqlx::query(&format!("DROP TABLE IF EXISTS {PG_UPSERT_TABLE}")).execute(db).await?;
+    sqlx::query(&format!("CREATE TABLE {PG_UPSERT_TABLE} (LIKE conversions INCLUDING ALL)")).execute(db).await?;
+    let logs = dir.join("pgbench");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
+    let script = logs.join("upsert.sql");
+    std::fs::write(&script, PG_UPSERT_SCRIPT)?;
+    let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let output = tokio::process::Command::new("pgbench")
+        .args(["--no-vacuum", "--client", &clients.to_string(), "--jobs", &clients.to_string()])
+        .args(["--time", &duration.as_secs().to_string(), "--log", "--log-prefix"])
+        .arg(logs.join("tx"))
+        .arg("--file")
+        .arg(&script)
+        .arg(database_url)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    sqlx::query(&format!("DROP TABLE IF EXISTS {PG_UPSERT_TABLE}")).execute(db).await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(output.status.success(), "pgbench: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let failed: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("number of failed transactions: "))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+
+    // One line per transaction: client, transaction number, latency in µs, script, epoch s, µs.
+    let mut recorder = Recorder::new();
+    for entry in std::fs::read_dir(&logs)?.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("tx")) {
+        for line in std::fs::read_to_string(entry.path())?.lines() {
+            if let Some(micros) = line.split_whitespace().nth(2).and_then(|v| v.parse::<u64>().ok()) {
+                recorder.record(Duration::from_micros(micros), Ok(PG_UPSERT_ROWS));
+            }
+        }
+    }
+    recorder.errors = failed;
+    let _ = std::fs::remove_dir_all(&logs);
+    let measured = Measured { recorder, elapsed: duration, concurrency: format!("{clients} pgbench clients, {PG_UPSERT_ROWS} rows per transaction") };
+    Ok((measured, cores.await.unwrap_or_default()))
+}

@@ -1,0 +1,70 @@
+//! A minimal HTTP/1.1 client: one keep-alive connection per simulated client (hyper's client
+//! connection, no pool, no redirects), reopened when the server closes it.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+/// What one request asks for.
+#[derive(Clone)]
+pub struct Planned {
+    pub method: http::Method,
+    pub path: &'static str,
+    pub authorization: Option<String>,
+    pub body: Option<Bytes>,
+}
+
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+}
+
+pub struct Connection {
+    /// host:port
+    address: String,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Connection {
+    pub fn new(base_url: &str) -> Connection {
+        Connection { address: base_url.trim_start_matches("http://").to_owned(), sender: None }
+    }
+
+    async fn connect(&self) -> anyhow::Result<SendRequest<Full<Bytes>>> {
+        let stream = tokio::net::TcpStream::connect(&self.address).await?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(connection);
+        Ok(sender)
+    }
+
+    /// Sends the request on the open connection, opening one first if there is none (or the
+    /// last one broke). A transport error closes the connection and is returned.
+    pub async fn send(&mut self, planned: &Planned) -> anyhow::Result<Answer> {
+        let mut sender = match self.sender.take() {
+            Some(sender) if !sender.is_closed() => sender,
+            _ => self.connect().await?,
+        };
+        sender.ready().await?;
+        let mut request = http::Request::builder()
+            .method(planned.method.clone())
+            .uri(planned.path)
+            .header(http::header::HOST, &self.address);
+        if let Some(authorization) = &planned.authorization {
+            request = request.header(http::header::AUTHORIZATION, authorization);
+        }
+        let body = match &planned.body {
+            Some(body) => {
+                request = request.header(http::header::CONTENT_TYPE, "application/json");
+                body.clone()
+            }
+            None => Bytes::new(),
+        };
+        let response = sender.send_request(request.body(Full::new(body))?).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        self.sender = Some(sender);
+        Ok(Answer { status, body })
+    }
+}

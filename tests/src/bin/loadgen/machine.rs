@@ -1,0 +1,237 @@
+//! The machine the run is on, the versions it ran against, and what each process of the stack
+//! costs: CPU time from /proc/PID/stat between two snapshots, peak memory from
+//! /proc/PID/status. The machine is shared, so the whole machine's busy time is recorded too:
+//! what no process of ours accounts for is somebody else's load.
+
+use intake_tests::serde_json::{self, json, Value};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// The machine, and how busy it was over `quiet_check` before the run (a shared machine shows).
+pub async fn describe(quiet_check: std::time::Duration) -> Value {
+    let before = machine_ticks();
+    tokio::time::sleep(quiet_check).await;
+    let after = machine_ticks();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let busy_before = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64 * cores as f64;
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_owned())
+        .unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let os = std::fs::read_to_string("/etc/os-release")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_default();
+    json!({
+        "cores": cores,
+        "busy_cores_before_run": round2(busy_before),
+        "cpu_model": model,
+        "memory_gib": (memory_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        "os": os,
+        "kernel": command_output("uname", &["-r"]),
+        "load_average_at_start": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    })
+}
+
+pub fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+pub async fn versions(db: &sqlx::PgPool, redis_url: &str) -> Value {
+    let postgres: String = sqlx::query_scalar("SELECT current_setting('server_version')").fetch_one(db).await.unwrap_or_default();
+    let fsync: String = sqlx::query_scalar("SELECT current_setting('fsync')").fetch_one(db).await.unwrap_or_default();
+    let redis = match redis::Client::open(redis_url) {
+        Ok(client) => match client.get_multiplexed_async_connection().await {
+            Ok(mut connection) => {
+                let info: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.unwrap_or_default();
+                info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or_default().trim().to_owned()
+            }
+            Err(_) => String::new(),
+        },
+        Err(_) => String::new(),
+    };
+    json!({
+        "kafka": std::env::var("INTAKE_KAFKA_VERSION").unwrap_or_else(|_| "unknown (INTAKE_KAFKA_VERSION unset)".into()),
+        "postgresql": postgres,
+        "postgresql_fsync": fsync,
+        "redis": redis,
+        "rustc": command_output("rustc", &["--version"]),
+    })
+}
+
+/// The commit measured, and whether the work tree had changes on top of it.
+pub fn git() -> (String, bool) {
+    let commit = command_output("git", &["rev-parse", "HEAD"]);
+    let dirty = !command_output("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    (commit, dirty)
+}
+
+/// The pid listening on a TCP port of this machine (the broker, Redis, the postmaster), from
+/// /proc/net/tcp and the processes' socket descriptors.
+pub fn pid_listening_on(port: u16) -> Option<u32> {
+    let hex_port = format!(":{port:04X}");
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .flat_map(|table| std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st == 0A (LISTEN), inode
+            (fields.len() > 9 && fields[1].ends_with(&hex_port) && fields[3] == "0A").then(|| format!("socket:[{}]", fields[9]))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    for pid in all_pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                if inodes.iter().any(|i| target.to_string_lossy() == *i) {
+                    return Some(pid);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| dir.flatten().filter_map(|e| e.file_name().to_string_lossy().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// utime + stime of a process (all its threads), in clock ticks, and its parent.
+fn cpu_ticks_and_parent(pid: u32) -> Option<(u64, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after its closing parenthesis do not.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let parent = fields.get(1)?.parse().ok()?;
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((ticks, parent))
+}
+
+/// Busy and total ticks of the whole machine (/proc/stat).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let values: Vec<u64> = stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let total: u64 = values.iter().take(8).sum();
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// The processes whose CPU is accounted, by role.
+#[derive(Clone, Default)]
+pub struct Roles {
+    pub gateways: Vec<u32>,
+    pub writers: Vec<u32>,
+    pub postmaster: Option<u32>,
+    pub kafka: Option<u32>,
+    pub redis: Option<u32>,
+}
+
+pub struct CpuSnapshot {
+    at: Instant,
+    by_role: BTreeMap<&'static str, u64>,
+    machine: (u64, u64),
+}
+
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl Roles {
+    /// The postmaster and its children: every backend and background process of the cluster.
+    pub fn postgres_processes(&self) -> Vec<u32> {
+        let Some(postmaster) = self.postmaster else { return Vec::new() };
+        let mut pids: Vec<u32> =
+            all_pids().into_iter().filter(|&p| cpu_ticks_and_parent(p).is_some_and(|(_, parent)| parent == postmaster)).collect();
+        pids.push(postmaster);
+        pids
+    }
+
+    /// CPU ticks per role now. PostgreSQL counts the postmaster's children (every backend of
+    /// the cluster, this run's and anyone else's, and its background writers).
+    pub fn snapshot(&self) -> CpuSnapshot {
+        let sum = |pids: &[u32]| pids.iter().filter_map(|&p| cpu_ticks_and_parent(p)).map(|(t, _)| t).sum::<u64>();
+        let mut by_role = BTreeMap::new();
+        by_role.insert("gateway", sum(&self.gateways));
+        by_role.insert("writer", sum(&self.writers));
+        by_role.insert("load generator", sum(&[std::process::id()]));
+        if self.postmaster.is_some() {
+            by_role.insert("postgresql", sum(&self.postgres_processes()));
+        }
+        if let Some(kafka) = self.kafka {
+            by_role.insert("kafka", sum(&[kafka]));
+        }
+        if let Some(redis) = self.redis {
+            by_role.insert("redis", sum(&[redis]));
+        }
+        CpuSnapshot { at: Instant::now(), by_role, machine: machine_ticks() }
+    }
+
+    /// Cores per role over the middle of a scenario of `duration` starting now: from 1 s in to
+    /// 1 s before its end, so that connections opened at its start and processes (pgbench's
+    /// backends) gone at its end do not skew it. Run beside the scenario.
+    pub async fn cores_during(self, duration: std::time::Duration) -> Value {
+        let margin = if duration.as_secs() >= 4 { std::time::Duration::from_secs(1) } else { std::time::Duration::ZERO };
+        tokio::time::sleep(margin).await;
+        let first = self.snapshot();
+        tokio::time::sleep(duration.saturating_sub(margin * 2)).await;
+        first.cores_until(&self.snapshot())
+    }
+
+    /// Peak resident memory (VmHWM) of the largest of these processes, in MiB.
+    pub fn peak_rss_mib(pids: &[u32]) -> f64 {
+        pids.iter()
+            .filter_map(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+                Some(kib / 1024.0)
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+impl CpuSnapshot {
+    /// Cores used per role between `self` and `later`, with the machine's busy cores and what
+    /// none of the roles accounts for (other work on the machine, the kernel's softirqs).
+    pub fn cores_until(&self, later: &CpuSnapshot) -> Value {
+        let seconds = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        let mut cores = serde_json::Map::new();
+        let mut accounted = 0.0;
+        for (role, ticks) in &later.by_role {
+            let used = later.by_role[role].saturating_sub(self.by_role.get(role).copied().unwrap_or(*ticks)) as f64 / TICKS_PER_SECOND / seconds;
+            accounted += used;
+            cores.insert((*role).to_owned(), json!(round2(used)));
+        }
+        let (busy, total) = (later.machine.0 - self.machine.0, later.machine.1 - self.machine.1);
+        let machine_cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+        let machine_busy = if total == 0 { 0.0 } else { busy as f64 / total as f64 * machine_cores };
+        cores.insert("machine busy".into(), json!(round2(machine_busy)));
+        cores.insert("other processes".into(), json!(round2((machine_busy - accounted).max(0.0))));
+        Value::Object(cores)
+    }
+}
+
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

@@ -1,0 +1,463 @@
+//! The benchmark of `deploy/bench.sh` (issue 10): starts gateways and writers (release build) on
+//! topics of their own against the local PostgreSQL, Redis and Kafka, drives every scenario over
+//! real HTTP, measures the two baselines in the same run, and writes `report.json` and
+//! `report.md`. Settings are environment variables (see [`Config`]); `loadgen sample batch`
+//! (or `single`, `invalid`) prints a request body of the scenarios, for an independent client;
+//! `loadgen singles 1 16` measures single sends, closed loop, at each number of clients given
+//! (the latency comparison of BENCHMARKS.md) and prints a table.
+//!
+//! Scenarios, in this order (the gateway's and writer's peak memory is read after the first):
+//! `batch_ingest`, `batch_resend`, `single_32`, `single_200rps`, `reject_401`, `reject_422`,
+//! `workspace_read`, then the baselines `direct_apply` and `pg_upsert`; then, unless turned off,
+//! `batch_ingest` again under a CPU profile, and `batch_ingest` with 1 and 2 gateways and writers.
+
+mod baselines;
+mod bodies;
+mod client;
+mod machine;
+mod measure;
+mod profile;
+mod report;
+
+use bodies::{Generator, BATCH_ITEMS};
+use client::Planned;
+use intake_tests::serde_json::{self, json, Value};
+use intake_tests::{Stack, StackOptions, TestKey};
+use machine::Roles;
+use measure::{closed_loop, open_loop, ClosedPlan, Counted, Expect, Measured, OpenPlan};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Every setting, from the environment; the defaults are issue 10's.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Config {
+    /// INTAKE_BENCH_SECONDS: length of each scenario (at least 30 for a run to quote).
+    seconds: u64,
+    /// INTAKE_BENCH_WARMUP_SECONDS: before the first scenario (group join, connections, caches).
+    warmup_seconds: u64,
+    /// INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_WRITERS: the stack of the main run.
+    gateways: usize,
+    writers: usize,
+    /// INTAKE_BENCH_WORKSPACES: one key each.
+    workspaces: usize,
+    /// INTAKE_BENCH_BATCH_CLIENTS (batch_ingest, batch_resend), INTAKE_BENCH_SINGLE_CLIENTS
+    /// (single_32), INTAKE_BENCH_REJECT_CLIENTS (reject_401, reject_422, workspace_read).
+    batch_clients: usize,
+    single_clients: usize,
+    reject_clients: usize,
+    /// INTAKE_BENCH_RATE: requests a second of single_200rps.
+    rate: f64,
+    /// INTAKE_BENCH_DIRECT_CONCURRENCY: batches direct_apply applies at a time;
+    /// INTAKE_BENCH_DIRECT_BATCHES: distinct batches it goes round (fresh ids each round).
+    direct_concurrency: usize,
+    direct_batches: usize,
+    /// INTAKE_BENCH_PG_CLIENTS: pgbench clients of pg_upsert.
+    pg_clients: usize,
+    /// INTAKE_BENCH_PROFILE_SECONDS: 0 turns the profile off.
+    profile_seconds: u64,
+    /// INTAKE_BENCH_SCALE: 0 turns off batch_ingest with 1 and 2 gateways and writers.
+    scale: bool,
+    /// INTAKE_BENCH_OUT: where report.json, report.md and profile/ go.
+    out_dir: PathBuf,
+}
+
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+impl Config {
+    fn from_env() -> Config {
+        Config {
+            seconds: setting("INTAKE_BENCH_SECONDS", 30),
+            warmup_seconds: setting("INTAKE_BENCH_WARMUP_SECONDS", 5),
+            gateways: setting("INTAKE_BENCH_GATEWAYS", 1),
+            writers: setting("INTAKE_BENCH_WRITERS", 1),
+            workspaces: setting("INTAKE_BENCH_WORKSPACES", 50),
+            batch_clients: setting("INTAKE_BENCH_BATCH_CLIENTS", 16),
+            single_clients: setting("INTAKE_BENCH_SINGLE_CLIENTS", 32),
+            reject_clients: setting("INTAKE_BENCH_REJECT_CLIENTS", 16),
+            rate: setting("INTAKE_BENCH_RATE", 200.0),
+            direct_concurrency: setting("INTAKE_BENCH_DIRECT_CONCURRENCY", 1),
+            direct_batches: setting("INTAKE_BENCH_DIRECT_BATCHES", 100),
+            pg_clients: setting("INTAKE_BENCH_PG_CLIENTS", 2),
+            profile_seconds: setting("INTAKE_BENCH_PROFILE_SECONDS", 10),
+            scale: setting("INTAKE_BENCH_SCALE", 1u8) != 0,
+            out_dir: PathBuf::from(setting("INTAKE_BENCH_OUT", "bench".to_owned())),
+        }
+    }
+}
+
+/// One scenario's result and what was observed meanwhile.
+pub struct Scenario {
+    pub measured: Measured,
+    pub counted: Counted,
+    /// Cores used per role over the scenario's middle.
+    pub cores: Value,
+    /// The writers' own stage timers over the scenario (Kafka path only).
+    pub writer: Option<Value>,
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("sample") {
+        print_sample(args.get(1).map(String::as_str).unwrap_or("batch"));
+        return;
+    }
+    let outcome = match args.first().map(String::as_str) {
+        Some("singles") => singles(Config::from_env(), &args[1..]).await,
+        _ => run(Config::from_env()).await,
+    };
+    if let Err(error) = outcome {
+        eprintln!("loadgen: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn print_sample(kind: &str) {
+    let generator = Generator::new("sample");
+    let body = match kind {
+        "single" => generator.single(0, 0),
+        "invalid" => bodies::invalid_single(),
+        _ => generator.batch(0, BATCH_ITEMS),
+    };
+    println!("{}", String::from_utf8_lossy(&body));
+}
+
+fn say(message: &str) {
+    eprintln!("==> {message}");
+}
+
+async fn start_stack(gateways: usize, writers: usize) -> Stack {
+    Stack::start_with(StackOptions {
+        // Limits out of the way: the benchmark measures the write path, not the limiter's refusals.
+        requests_per_minute: 1_000_000_000,
+        conversions_per_minute: 1_000_000_000,
+        write_timeout_ms: 60_000,
+        gateways,
+        writers,
+        ..Default::default()
+    })
+    .await
+}
+
+fn targets(stack: &Stack) -> Vec<String> {
+    std::iter::once(stack.base_url.clone()).chain(stack.more_base_urls.iter().cloned()).collect()
+}
+
+/// The shared infrastructure's processes, found by their ports.
+fn infrastructure_roles() -> Roles {
+    let port = |name: &str, default: u16| setting(name, default);
+    let broker_port = std::env::var("INTAKE_KAFKA_BROKERS")
+        .ok()
+        .and_then(|b| b.split(',').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok()))
+        .unwrap_or(59092);
+    let redis_port = std::env::var("INTAKE_REDIS_URL").ok().and_then(|u| u.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok())).unwrap_or(56379);
+    Roles {
+        postmaster: machine::pid_listening_on(port("INTAKE_PG_PORT", 55432)),
+        kafka: machine::pid_listening_on(broker_port),
+        redis: machine::pid_listening_on(redis_port),
+        ..Roles::default()
+    }
+}
+
+fn roles_of(stack: &Stack, infrastructure: &Roles) -> Roles {
+    let (gateways, writers) = stack.pids();
+    Roles { gateways, writers, ..infrastructure.clone() }
+}
+
+/// Sums of the writers' apply timer and message counter (their ops port's /metrics).
+async fn writer_counters(stack: &Stack) -> (f64, f64, f64) {
+    let mut sums = (0.0, 0.0, 0.0);
+    for url in &stack.writer_ops_urls {
+        let Ok(response) = stack.http.get(format!("{url}/metrics")).send().await else { continue };
+        let text = response.text().await.unwrap_or_default();
+        let value = |prefix: &str| -> f64 {
+            text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        };
+        sums.0 += value("intake_writer_apply_seconds_sum ");
+        sums.1 += value("intake_writer_apply_seconds_count ");
+        sums.2 += value("intake_writer_messages_total{");
+    }
+    sums
+}
+
+fn writer_stage(before: (f64, f64, f64), after: (f64, f64, f64), elapsed: Duration, writers: usize) -> Value {
+    let (seconds, groups, messages) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+    json!({
+        "apply_busy_fraction_per_writer": measure::round2(seconds / elapsed.as_secs_f64() / writers.max(1) as f64),
+        "groups": groups,
+        "messages": messages,
+        "messages_per_group": measure::round2(messages / groups.max(1.0)),
+        "mean_apply_ms_per_group": measure::round2(seconds * 1000.0 / groups.max(1.0)),
+    })
+}
+
+/// A closed-loop scenario on the stack, with the cores and writer timers meanwhile.
+async fn closed(stack: &Stack, roles: &Roles, clients: usize, duration: Duration, counted: Counted, plan: ClosedPlan) -> Scenario {
+    let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let before = writer_counters(stack).await;
+    let measured = closed_loop(&targets(stack), clients, duration, plan).await;
+    let writer = writer_stage(before, writer_counters(stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    Scenario { measured, counted, cores: cores.await.unwrap_or_default(), writer: Some(writer) }
+}
+
+struct Plans {
+    keys: Arc<Vec<TestKey>>,
+}
+
+impl Plans {
+    /// batch_ingest: client c's request k goes to workspace (c + clients·k) mod workspaces; every
+    /// batch sent is remembered for batch_resend.
+    fn batch_ingest(&self, clients: usize, generator: Arc<Generator>, sent: Arc<Mutex<Vec<(usize, u64)>>>) -> ClosedPlan {
+        let (keys, next) = (self.keys.clone(), Arc::new(AtomicU64::new(0)));
+        Arc::new(move |c, k| {
+            let workspace = (c + clients * k as usize) % keys.len();
+            let first = next.fetch_add(BATCH_ITEMS as u64, Ordering::Relaxed);
+            sent.lock().unwrap_or_else(|p| p.into_inner()).push((workspace, first));
+            (post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)), Expect::Batch("created"))
+        })
+    }
+
+    /// batch_resend: the batches of batch_ingest again, round and round, byte for byte.
+    fn batch_resend(&self, generator: Arc<Generator>, sent: Arc<Vec<(usize, u64)>>) -> ClosedPlan {
+        let (keys, next) = (self.keys.clone(), Arc::new(AtomicU64::new(0)));
+        Arc::new(move |_, _| {
+            let (workspace, first) = sent[next.fetch_add(1, Ordering::Relaxed) as usize % sent.len().max(1)];
+            (post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)), Expect::Batch("unchanged"))
+        })
+    }
+
+    /// single_32: client c sends its own sequence to workspace c mod workspaces.
+    fn single(&self, generator: Arc<Generator>) -> ClosedPlan {
+        let keys = self.keys.clone();
+        Arc::new(move |c, k| {
+            (post("/v1/conversions", &keys[c % keys.len()], generator.single(c as u64 * 1_000_000_000, k)), Expect::Status(201, 1))
+        })
+    }
+
+    /// single_200rps: request k to workspace (k / 3) mod workspaces, so that a parent and its
+    /// child go to the same workspace.
+    fn single_open(&self, generator: Arc<Generator>) -> OpenPlan {
+        let keys = self.keys.clone();
+        Arc::new(move |k| (post("/v1/conversions", &keys[(k / 3) as usize % keys.len()], generator.single(0, k)), Expect::Status(201, 1)))
+    }
+
+    fn reject_401(&self) -> ClosedPlan {
+        let body = Generator::new("reject").single(0, 0);
+        Arc::new(move |_, _| {
+            let planned = Planned {
+                method: http::Method::POST,
+                path: "/v1/conversions",
+                authorization: Some(bodies::UNKNOWN_KEY.to_owned()),
+                body: Some(body.clone()),
+            };
+            (planned, Expect::Status(401, 0))
+        })
+    }
+
+    fn reject_422(&self) -> ClosedPlan {
+        let keys = self.keys.clone();
+        Arc::new(move |c, _| (post("/v1/conversions", &keys[c % keys.len()], bodies::invalid_single()), Expect::Status(422, 0)))
+    }
+
+    fn workspace_read(&self) -> ClosedPlan {
+        let keys = self.keys.clone();
+        Arc::new(move |c, _| {
+            let planned =
+                Planned { method: http::Method::GET, path: "/v1/workspace", authorization: Some(keys[c % keys.len()].bearer()), body: None };
+            (planned, Expect::Status(200, 0))
+        })
+    }
+}
+
+fn post(path: &'static str, key: &TestKey, body: bytes::Bytes) -> Planned {
+    Planned { method: http::Method::POST, path, authorization: Some(key.bearer()), body: Some(body) }
+}
+
+/// The consumer group's first join, connections, caches, and the first pages of the tables.
+async fn warm_up(stack: &Stack, plans: &Plans, seconds: u64) {
+    let half = Duration::from_secs(seconds.div_ceil(2));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    closed_loop(&targets(stack), 4, half, plans.batch_ingest(4, Arc::new(Generator::new("warm")), sent)).await;
+    closed_loop(&targets(stack), 8, half, plans.single(Arc::new(Generator::new("warm")))).await;
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let duration = Duration::from_secs(config.seconds);
+    let profile_dir = config.out_dir.join("profile");
+    std::fs::create_dir_all(&profile_dir)?;
+    let database_url = intake_tests::env("DATABASE_URL");
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&database_url).await?;
+    let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
+    let machine = machine::describe(Duration::from_secs(3)).await;
+    let versions = machine::versions(&db, &intake_tests::env("INTAKE_REDIS_URL")).await;
+    let (commit, dirty) = machine::git();
+    let infrastructure = infrastructure_roles();
+
+    say(&format!("starting {} gateway(s) and {} writer(s)", config.gateways, config.writers));
+    let stack = start_stack(config.gateways, config.writers).await;
+    say(&format!("creating {} workspaces with a key each", config.workspaces));
+    let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
+    let plans = Plans { keys: Arc::new(keys.clone()) };
+    let roles = roles_of(&stack, &infrastructure);
+    say(&format!("warming up for {} s", config.warmup_seconds));
+    warm_up(&stack, &plans, config.warmup_seconds).await;
+
+    let mut scenarios: Vec<(&'static str, Scenario)> = Vec::new();
+    let ingest_generator = Arc::new(Generator::new("ingest"));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    say(&format!("batch_ingest: {} clients, {} s", config.batch_clients, config.seconds));
+    let plan = plans.batch_ingest(config.batch_clients, ingest_generator.clone(), sent.clone());
+    scenarios.push(("batch_ingest", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    let (gateway_pids, writer_pids) = stack.pids();
+    let gateway_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&gateway_pids));
+    let writer_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&writer_pids));
+
+    say("batch_resend");
+    let sent = Arc::new(std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner())));
+    let plan = plans.batch_resend(ingest_generator, sent);
+    scenarios.push(("batch_resend", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+
+    say(&format!("single_32: {} clients", config.single_clients));
+    let plan = plans.single(Arc::new(Generator::new("single")));
+    scenarios.push(("single_32", closed(&stack, &roles, config.single_clients, duration, Counted::Requests, plan).await));
+
+    say(&format!("single_200rps: {} requests/s, open loop", config.rate));
+    let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let before = writer_counters(&stack).await;
+    let measured = open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
+    let writer = writer_stage(before, writer_counters(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let cores = cores.await.unwrap_or_default();
+    scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
+
+    for (name, plan) in [("reject_401", plans.reject_401()), ("reject_422", plans.reject_422()), ("workspace_read", plans.workspace_read())] {
+        say(&format!("{name}: {} clients", config.reject_clients));
+        let mut scenario = closed(&stack, &roles, config.reject_clients, duration, Counted::Requests, plan).await;
+        scenario.writer = None;
+        scenarios.push((name, scenario));
+    }
+
+    say("direct_apply: the writer's apply code on the same batches, no HTTP, no Kafka");
+    let (measured, cores) =
+        baselines::direct_apply(&stack, &keys, &roles, duration, config.direct_concurrency, config.direct_batches, &config.out_dir).await?;
+    scenarios.push(("direct_apply", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+
+    say(&format!("pg_upsert: pgbench, {} clients", config.pg_clients));
+    let (measured, cores) = baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
+    scenarios.push(("pg_upsert", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+
+    let profiles = if config.profile_seconds > 0 { profiles(&stack, &plans, &roles, &config, &profile_dir).await } else { json!("turned off") };
+
+    let mut scale = Vec::new();
+    if config.scale {
+        let main_ingest = &scenarios[0].1;
+        scale.push(scale_row(config.gateways, config.writers, main_ingest));
+        drop(stack);
+        for (gateways, writers) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
+            if (gateways, writers) == (config.gateways, config.writers) {
+                continue;
+            }
+            say(&format!("scale: batch_ingest with {gateways} gateway(s) and {writers} writer(s)"));
+            let stack = start_stack(gateways, writers).await;
+            let roles = roles_of(&stack, &infrastructure);
+            warm_up(&stack, &plans, config.warmup_seconds).await;
+            let plan = plans.batch_ingest(config.batch_clients, Arc::new(Generator::new("scale")), Arc::new(Mutex::new(Vec::new())));
+            let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
+            scale.push(scale_row(gateways, writers, &scenario));
+        }
+    }
+
+    let run = report::Run {
+        config: &config,
+        started_at,
+        machine,
+        versions,
+        commit,
+        dirty,
+        scenarios,
+        gateway_peak_rss_mib,
+        writer_peak_rss_mib,
+        scale,
+        profiles,
+    };
+    let (json, markdown) = report::render(&run);
+    std::fs::write(config.out_dir.join("report.json"), format!("{json:#}\n"))?;
+    std::fs::write(config.out_dir.join("report.md"), markdown)?;
+    say(&format!("wrote {}/report.json and report.md", config.out_dir.display()));
+    Ok(())
+}
+
+/// Single sends, closed loop, at each number of clients: a markdown table on stdout.
+async fn singles(config: Config, clients: &[String]) -> anyhow::Result<()> {
+    let stack = start_stack(config.gateways, config.writers).await;
+    let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
+    let plans = Plans { keys: Arc::new(keys) };
+    warm_up(&stack, &plans, config.warmup_seconds).await;
+    println!("| clients | requests/s | p50 ms | p90 ms | p99 ms | max ms | errors |\n|---|---|---|---|---|---|---|");
+    for n in clients.iter().filter_map(|c| c.parse::<usize>().ok()) {
+        let duration = Duration::from_secs(config.seconds);
+        let measured = closed_loop(&targets(&stack), n, duration, plans.single(Arc::new(Generator::new("singles")))).await;
+        let r = measured.to_json(Counted::Requests);
+        println!("| {n} | {} | {} | {} | {} | {} | {} |", r["requests_per_s"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"]);
+    }
+    Ok(())
+}
+
+fn scale_row(gateways: usize, writers: usize, scenario: &Scenario) -> Value {
+    json!({
+        "gateways": gateways,
+        "writers": writers,
+        "batch_ingest": scenario.measured.to_json(Counted::Items),
+        "cores": scenario.cores,
+        "writer_stage": scenario.writer,
+    })
+}
+
+/// batch_ingest and reject_401 again, each under `perf record -a`.
+async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, dir: &std::path::Path) -> Value {
+    if let Some(reason) = profile::unavailable() {
+        say(&format!("no profile: {reason}"));
+        return json!({ "skipped": reason });
+    }
+    let mut names: HashMap<u32, &'static str> = HashMap::new();
+    names.extend(roles.gateways.iter().map(|&p| (p, "intake-gateway")));
+    names.extend(roles.writers.iter().map(|&p| (p, "intake-writer")));
+    names.insert(std::process::id(), "load generator");
+    names.extend(roles.kafka.map(|p| (p, "kafka")));
+    names.extend(roles.redis.map(|p| (p, "redis")));
+    let duration = Duration::from_secs(config.profile_seconds);
+    let mut result = serde_json::Map::new();
+    let scenarios: [(&str, usize, ClosedPlan); 2] = [
+        ("batch_ingest", config.batch_clients, plans.batch_ingest(config.batch_clients, Arc::new(Generator::new("profile")), Arc::new(Mutex::new(Vec::new())))),
+        ("reject_401", config.reject_clients, plans.reject_401()),
+    ];
+    for (name, clients, plan) in scenarios {
+        say(&format!("profiling {name} for {} s", config.profile_seconds));
+        let data = dir.join(format!("{name}.perf.data"));
+        let recording = profile::record(&data, duration);
+        closed_loop(&targets(stack), clients, duration, plan).await;
+        // PostgreSQL's backends come and go: name them after the scenario, as they were then.
+        names.extend(roles.postgres_processes().into_iter().map(|p| (p, "postgresql")));
+        let outcome = match recording {
+            Ok(mut child) => {
+                let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+                let title = format!("{name}: every CPU while it runs (role;thread;frames)");
+                let data_path = data.clone();
+                let (names, dir, name_owned) = (names.clone(), dir.to_path_buf(), name.to_owned());
+                tokio::task::spawn_blocking(move || profile::summarize(&data_path, &names, &dir, &name_owned, &title))
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::anyhow!("{e}")))
+                    .unwrap_or_else(|e| json!({ "failed": e.to_string() }))
+            }
+            Err(error) => json!({ "failed": error.to_string() }),
+        };
+        let _ = std::fs::remove_file(&data);
+        result.insert(name.to_owned(), outcome);
+    }
+    Value::Object(result)
+}
+

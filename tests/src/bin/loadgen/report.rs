@@ -1,0 +1,315 @@
+//! report.json (the keys issue 10 names, then the context a reader needs to trust them) and
+//! report.md (a table per scenario, the targets, and for each missed target the stage that
+//! bounds it, from the CPU each process used and the writer's own timers).
+
+use crate::measure::{round1, round2, Counted};
+use crate::{Config, Scenario};
+use intake_tests::serde_json::{self, json, Value};
+use std::fmt::Write;
+
+pub struct Run<'a> {
+    pub config: &'a Config,
+    pub started_at: String,
+    pub machine: Value,
+    pub versions: Value,
+    pub commit: String,
+    pub dirty: bool,
+    pub scenarios: Vec<(&'static str, Scenario)>,
+    pub gateway_peak_rss_mib: f64,
+    pub writer_peak_rss_mib: f64,
+    pub scale: Vec<Value>,
+    pub profiles: Value,
+}
+
+fn describe(name: &str, config: &Config) -> String {
+    match name {
+        "batch_ingest" => format!(
+            "POST /v1/conversions/batch, 500 new conversions a batch (every identifier, a parent link in one item of three), over {} workspaces (one key each)",
+            config.workspaces
+        ),
+        "batch_resend" => "the batches of batch_ingest sent again, byte for byte: every item `unchanged`".into(),
+        "single_32" => "POST /v1/conversions, one new conversion a request (every identifier), client c to workspace c".into(),
+        "single_200rps" => "POST /v1/conversions at a fixed rate, open loop: each latency runs from the time its request was due".into(),
+        "reject_401" => "POST /v1/conversions with an unknown key".into(),
+        "reject_422" => "POST /v1/conversions with an invalid body (bad event), valid key".into(),
+        "workspace_read" => "GET /v1/workspace".into(),
+        "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
+        "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
+        _ => String::new(),
+    }
+}
+
+struct Target {
+    name: &'static str,
+    measured: f64,
+    limit: f64,
+    at_least: bool,
+    unit: &'static str,
+    /// The scenario whose stages explain a miss.
+    scenario: &'static str,
+}
+
+impl Target {
+    fn met(&self) -> bool {
+        if self.at_least { self.measured >= self.limit } else { self.measured < self.limit }
+    }
+}
+
+fn field(value: &Value, key: &str) -> f64 {
+    value.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// What the numbers say bounds a scenario: whether the machine's CPU is saturated and by which
+/// of the run's processes, how much went to processes not of this run, and (on the Kafka path)
+/// how busy the writers' apply loops were.
+fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
+    let cores = &scenario.cores;
+    let (busy, other) = (field(cores, "machine busy"), field(cores, "other processes"));
+    let mut ours: Vec<(String, f64)> = cores
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| *k != "machine busy" && *k != "other processes")
+                .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
+                .collect()
+        })
+        .unwrap_or_default();
+    ours.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let list = ours.iter().map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join(", ");
+    let writer_busy = scenario.writer.as_ref().map(|w| field(w, "apply_busy_fraction_per_writer"));
+    let top = ours.first().map(|(k, _)| k.as_str()).unwrap_or("?");
+    let mut text = if busy >= 0.9 * cores_total {
+        format!("CPU-bound: {busy:.2} of {cores_total} cores busy; of this run's processes {top} uses the most ({list})")
+    } else if writer_busy.is_some_and(|b| b >= 0.8) {
+        format!("bound by the writer's serial apply loop (one group at a time, waiting on PostgreSQL); cores busy {busy:.2} of {cores_total} ({list})")
+    } else {
+        format!("neither the CPU ({busy:.2} of {cores_total} cores busy: {list}) nor the writer's apply loop is saturated: bound by waiting (round trips between the stages)")
+    };
+    if let Some(writer) = &scenario.writer {
+        let _ = write!(
+            text,
+            "; each writer's apply loop busy {:.0} % of the time ({} messages a group, {} ms a group)",
+            field(writer, "apply_busy_fraction_per_writer") * 100.0,
+            field(writer, "messages_per_group"),
+            field(writer, "mean_apply_ms_per_group"),
+        );
+    }
+    if other >= 0.25 {
+        let _ = write!(text, ". {other:.2} cores went to processes not of this run: the machine was shared, re-run it quiet");
+    }
+    text
+}
+
+pub fn render(run: &Run) -> (Value, String) {
+    let config = run.config;
+    let cores_total = run.machine["cores"].as_f64().unwrap_or(1.0);
+    let get = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+    let rate = |name: &str| get(name).map(|s| s.measured.rate(s.counted)).unwrap_or(0.0);
+    let quantile = |name: &str, q: f64| get(name).map(|s| s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0).unwrap_or(0.0);
+    let ratio = |a: f64, b: f64| if b > 0.0 { round2(a / b) } else { 0.0 };
+    let (ingest, direct, pg) = (rate("batch_ingest"), rate("direct_apply"), rate("pg_upsert"));
+    let ratios = json!({
+        "batch_ingest / pg_upsert": ratio(ingest, pg),
+        "batch_ingest / direct_apply": ratio(ingest, direct),
+        "direct_apply / pg_upsert": ratio(direct, pg),
+    });
+    let targets = [
+        Target { name: "batch_ingest / pg_upsert", measured: ratio(ingest, pg), limit: 0.5, at_least: true, unit: "", scenario: "batch_ingest" },
+        Target { name: "batch_ingest / direct_apply", measured: ratio(ingest, direct), limit: 0.7, at_least: true, unit: "", scenario: "batch_ingest" },
+        Target { name: "single_200rps p50", measured: round2(quantile("single_200rps", 0.5)), limit: 5.0, at_least: false, unit: " ms", scenario: "single_200rps" },
+        Target { name: "single_200rps p99", measured: round2(quantile("single_200rps", 0.99)), limit: 20.0, at_least: false, unit: " ms", scenario: "single_200rps" },
+        Target { name: "reject_401 requests/s", measured: round1(rate("reject_401")), limit: 20_000.0, at_least: true, unit: "", scenario: "reject_401" },
+        Target { name: "reject_422 requests/s", measured: round1(rate("reject_422")), limit: 20_000.0, at_least: true, unit: "", scenario: "reject_422" },
+        Target { name: "gateway peak RSS", measured: run.gateway_peak_rss_mib, limit: 200.0, at_least: false, unit: " MiB", scenario: "batch_ingest" },
+    ];
+    let targets_json: Vec<Value> = targets
+        .iter()
+        .map(|t| {
+            let mut value = json!({ "target": t.name, "measured": t.measured, "limit": t.limit, "at_least": t.at_least, "met": t.met() });
+            if !t.met() {
+                if let Some(scenario) = get(t.scenario) {
+                    value["bound_by"] = json!(bound_by(scenario, cores_total));
+                }
+            }
+            value
+        })
+        .collect();
+
+    let mut report = serde_json::Map::new();
+    let mut details = serde_json::Map::new();
+    for (name, scenario) in &run.scenarios {
+        report.insert((*name).to_owned(), scenario.measured.to_json(scenario.counted));
+        let recorder = &scenario.measured.recorder;
+        details.insert(
+            (*name).to_owned(),
+            json!({
+                "what": describe(name, config),
+                "concurrency": scenario.measured.concurrency,
+                "seconds": round2(scenario.measured.elapsed.as_secs_f64()),
+                "requests": recorder.requests,
+                "items": recorder.items,
+                "first_error": recorder.first_error,
+                "cores": scenario.cores,
+                "writer_stage": scenario.writer,
+            }),
+        );
+    }
+    report.insert("ratios".into(), ratios.clone());
+    report.insert("gateway_peak_rss_mib".into(), json!(run.gateway_peak_rss_mib));
+    report.insert("writer_peak_rss_mib".into(), json!(run.writer_peak_rss_mib));
+    report.insert("targets".into(), json!(targets_json));
+    report.insert("machine".into(), run.machine.clone());
+    report.insert("versions".into(), run.versions.clone());
+    report.insert("git_commit".into(), json!(run.commit));
+    report.insert("git_dirty".into(), json!(run.dirty));
+    report.insert("started_at".into(), json!(run.started_at));
+    report.insert("config".into(), serde_json::to_value(config).unwrap_or_default());
+    report.insert("scenario_details".into(), Value::Object(details));
+    report.insert("scale".into(), json!(run.scale));
+    report.insert("profile".into(), run.profiles.clone());
+    let report = Value::Object(report);
+    (report.clone(), markdown(run, &report, &targets))
+}
+
+fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
+    let config = run.config;
+    let m = &run.machine;
+    let v = &run.versions;
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmark report\n");
+    let _ = writeln!(
+        md,
+        "`deploy/bench.sh`, started {} UTC, commit `{}`{}; {} s a scenario; {} gateway(s), {} writer(s), release build.\n",
+        run.started_at,
+        run.commit,
+        if run.dirty { " with uncommitted changes" } else { "" },
+        config.seconds,
+        config.gateways,
+        config.writers
+    );
+    let _ = writeln!(
+        md,
+        "Machine: {} cores ({}), {} GiB, {}, kernel {}; load average at start {}. Everything runs on it: PostgreSQL, Redis, Kafka, the gateway, the writer and the load generator.\n",
+        m["cores"], m["cpu_model"].as_str().unwrap_or(""), m["memory_gib"], m["os"].as_str().unwrap_or(""),
+        m["kernel"].as_str().unwrap_or(""), m["load_average_at_start"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        md,
+        "Versions: Apache Kafka {}, PostgreSQL {} (fsync {}), Redis {}, {}.\n",
+        v["kafka"].as_str().unwrap_or(""), v["postgresql"].as_str().unwrap_or(""), v["postgresql_fsync"].as_str().unwrap_or(""),
+        v["redis"].as_str().unwrap_or(""), v["rustc"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        md,
+        "CPU columns are cores used over the middle of each scenario (from /proc); \"other processes\" is load on the machine that is not this run's (a shared machine shows it there). Before the run, {} of {} cores were busy.\n",
+        m["busy_cores_before_run"], m["cores"]
+    );
+
+    let _ = writeln!(md, "## Targets\n\n| target | measured | limit | met |\n|---|---|---|---|");
+    for t in targets {
+        let _ = writeln!(md, "| {} | {}{} | {} {}{} | {} |", t.name, t.measured, t.unit, if t.at_least { "≥" } else { "<" }, t.limit, t.unit, if t.met() { "yes" } else { "**no**" });
+    }
+    let _ = writeln!(md, "\n| ratio | value |\n|---|---|");
+    if let Some(ratios) = report["ratios"].as_object() {
+        for (k, value) in ratios {
+            let _ = writeln!(md, "| {k} | {value} |");
+        }
+    }
+    let _ = writeln!(md, "\nPeak resident memory during batch_ingest: gateway {} MiB, writer {} MiB.\n", run.gateway_peak_rss_mib, run.writer_peak_rss_mib);
+    let missed: Vec<&Value> = report["targets"].as_array().map(|t| t.iter().filter(|t| t["met"] == json!(false)).collect()).unwrap_or_default();
+    if !missed.is_empty() {
+        let _ = writeln!(md, "### What bounds the missed targets\n");
+        for t in missed {
+            let _ = writeln!(md, "- **{}**: {}", t["target"].as_str().unwrap_or(""), t["bound_by"].as_str().unwrap_or("no data"));
+        }
+        let _ = writeln!(md);
+    }
+
+    let _ = writeln!(md, "## Scenarios\n");
+    for (name, scenario) in &run.scenarios {
+        let r = &report[*name];
+        let d = &report["scenario_details"][*name];
+        let (unit, value) = match scenario.counted {
+            Counted::Items => ("items/s", &r["items_per_s"]),
+            Counted::Requests => ("requests/s", &r["requests_per_s"]),
+        };
+        let _ = writeln!(md, "### {name}\n\n{}; {}.\n", d["what"].as_str().unwrap_or(""), d["concurrency"].as_str().unwrap_or(""));
+        let _ = writeln!(md, "| {unit} | requests | items | p50 ms | p90 ms | p99 ms | max ms | errors | seconds |\n|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            md,
+            "| {value} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            d["requests"], d["items"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"], d["seconds"]
+        );
+        if let Some(error) = d["first_error"].as_str() {
+            let _ = writeln!(md, "First error: `{}`\n", error.replace('`', "'"));
+        }
+        let _ = writeln!(md, "{}\n", cores_table(&scenario.cores));
+        if let Some(w) = &scenario.writer {
+            let _ = writeln!(
+                md,
+                "Writer: apply loop busy {:.0} % of the time per writer; {} groups, {} messages a group, {} ms a group.\n",
+                field(w, "apply_busy_fraction_per_writer") * 100.0, w["groups"], w["messages_per_group"], w["mean_apply_ms_per_group"]
+            );
+        }
+    }
+
+    if !run.scale.is_empty() {
+        let _ = writeln!(md, "## Scale: batch_ingest with 1 and 2 gateways and writers\n");
+        let _ = writeln!(md, "| gateways | writers | items/s | p50 ms | p99 ms | errors | machine busy | writer loop busy |\n|---|---|---|---|---|---|---|---|");
+        for row in &run.scale {
+            let b = &row["batch_ingest"];
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                row["gateways"], row["writers"], b["items_per_s"], b["p50_ms"], b["p99_ms"], b["errors"], row["cores"]["machine busy"],
+                row["writer_stage"]["apply_busy_fraction_per_writer"]
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    let _ = writeln!(md, "## Profile\n");
+    match run.profiles.as_object() {
+        Some(profiles) if !profiles.contains_key("skipped") => {
+            for (name, p) in profiles {
+                if let Some(failed) = p.get("failed") {
+                    let _ = writeln!(md, "- {name}: profile failed: {failed}");
+                    continue;
+                }
+                let _ = writeln!(md, "### {name} ({} samples; flamegraph `{}`, summary `{}`)\n", p["samples"], p["flamegraph"].as_str().unwrap_or(""), p["summary"].as_str().unwrap_or(""));
+                let _ = writeln!(md, "| role | % of samples | hottest functions (self, % of all samples) |\n|---|---|---|");
+                let mut roles: Vec<(&String, &Value)> = p["by_role"].as_object().map(|o| o.iter().collect()).unwrap_or_default();
+                roles.sort_by(|a, b| field(b.1, "percent_of_samples").total_cmp(&field(a.1, "percent_of_samples")));
+                for (role, r) in roles {
+                    let hot = r["hottest"]
+                        .as_array()
+                        .map(|h| h.iter().take(4).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_all"])).collect::<Vec<_>>().join(", "))
+                        .unwrap_or_default();
+                    let _ = writeln!(md, "| {role} | {} | {hot} |", r["percent_of_samples"]);
+                }
+                let _ = writeln!(md);
+            }
+        }
+        _ => {
+            let _ = writeln!(md, "No profile: {}\n", run.profiles);
+        }
+    }
+    md
+}
+
+fn cores_table(cores: &Value) -> String {
+    let Some(cores) = cores.as_object() else { return String::new() };
+    let header = cores.keys().map(String::as_str).collect::<Vec<_>>().join(" | ");
+    let values = cores.values().map(|v| v.to_string()).collect::<Vec<_>>().join(" | ");
+    format!("| CPU | {header} |\n|---|{}\n| cores used | {values} |", "---|".repeat(cores.len()))
+}
+
+/// A function name without its hash suffix and generic noise, at most 80 characters.
+fn short(function: &str) -> String {
+    let name = function.split("::h").next().unwrap_or(function);
+    if name.chars().count() > 80 {
+        format!("…{}", name.chars().skip(name.chars().count() - 79).collect::<String>())
+    } else {
+        name.to_owned()
+    }
+}

@@ -1,0 +1,129 @@
+//! `intake-writer bench-apply` (hidden): the `direct_apply` baseline of `deploy/bench.sh`. The
+//! writer's own apply code ([`store::apply_chunks`]) called on prepared batches, with no HTTP and
+//! no Kafka, so that the end-to-end throughput can be compared with what the apply stage alone
+//! does on the same machine.
+//!
+//! The input file has one line per batch: a JSON array of the batch's chunks (request messages
+//! as the gateway would produce them, validated and hashed). A line is applied as one
+//! `apply_chunks` call (one transaction), timed from the call to its commit. The file is read
+//! once; when the run outlasts it, the batches go round again with fresh message ids, external
+//! ids and parent links (a suffix per round), so that every round writes new conversions.
+
+use crate::store;
+use intake_common::conversion::{Conversion, ExternalId};
+use intake_common::message::WriteRequestV1;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Settings {
+    pub from: std::path::PathBuf,
+    pub duration: Duration,
+    /// Batches applied at the same time (one writer applies one group at a time: 1).
+    pub concurrency: usize,
+}
+
+/// Applies batches until the duration is over; prints `{"batches", "items", "seconds",
+/// "latencies_us"}` with the time of each batch's transaction.
+pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(&settings.from)?;
+    let batches: Vec<Vec<WriteRequestV1>> = text.lines().filter(|l| !l.trim().is_empty()).map(serde_json::from_str).collect::<Result<_, _>>()?;
+    anyhow::ensure!(!batches.is_empty(), "{} holds no batch", settings.from.display());
+    let batches = Arc::new(batches);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = started + settings.duration;
+    let tasks: Vec<_> = (0..settings.concurrency.max(1))
+        .map(|_| {
+            let (pool, batches, next) = (pool.clone(), batches.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut latencies_us = Vec::new();
+                let mut items = 0usize;
+                while Instant::now() < deadline {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let batch = in_round(&batches[n % batches.len()], n / batches.len());
+                    let requests: Vec<&WriteRequestV1> = batch.iter().collect();
+                    let applying = Instant::now();
+                    store::apply_chunks(&pool, &requests).await?;
+                    latencies_us.push(u64::try_from(applying.elapsed().as_micros()).unwrap_or(u64::MAX));
+                    items += batch.iter().map(|r| r.items.len()).sum::<usize>();
+                }
+                Ok::<_, sqlx::Error>((latencies_us, items))
+            })
+        })
+        .collect();
+    let (mut latencies_us, mut items) = (Vec::new(), 0);
+    for task in tasks {
+        let (own, own_items) = task.await??;
+        latencies_us.extend(own);
+        items += own_items;
+    }
+    Ok(json!({
+        "batches": latencies_us.len(),
+        "items": items,
+        "seconds": started.elapsed().as_secs_f64(),
+        "latencies_us": latencies_us,
+    }))
+}
+
+/// The batch as it is sent in round `round`: round 0 as read, later rounds with every id suffixed.
+fn in_round(batch: &[WriteRequestV1], round: usize) -> Vec<WriteRequestV1> {
+    if round == 0 {
+        return batch.to_vec();
+    }
+    let suffix = format!("-r{round}");
+    let renamed = |id: &ExternalId| -> ExternalId {
+        // ExternalId is built only by validation; its serde form is the plain string.
+        serde_json::from_value(Value::String(format!("{}{suffix}", id.as_str()))).unwrap_or_else(|_| id.clone())
+    };
+    batch
+        .iter()
+        .map(|request| WriteRequestV1 {
+            correlation_id: format!("{}{suffix}", request.correlation_id),
+            items: request
+                .items
+                .iter()
+                .map(|item| Conversion {
+                    external_id: renamed(&item.external_id),
+                    parent_external_id: item.parent_external_id.as_ref().map(renamed),
+                    ..item.clone()
+                })
+                .collect(),
+            ..request.clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: &str, items: &[Value]) -> WriteRequestV1 {
+        let items = items
+            .iter()
+            .map(|i| intake_common::validate::validate_conversion(i, intake_common::config::now_ms()).map(|v| v.conversion))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_default();
+        WriteRequestV1 { correlation_id: id.into(), reply_partition: 0, deadline_ms: 0, received_at_ms: 0, workspace_id: "ws".into(), items }
+    }
+
+    #[test]
+    fn later_rounds_rename_every_id_and_link_alike() {
+        let batch = vec![request(
+            "m1",
+            &[
+                json!({"event": "lead", "external_id": "a", "occurred_at": 1_700_000_000_000_i64}),
+                json!({"event": "purchase", "external_id": "b", "parent_external_id": "a", "occurred_at": 1_700_000_000_000_i64}),
+            ],
+        )];
+        assert_eq!(in_round(&batch, 0), batch);
+        let again = in_round(&batch, 2);
+        assert_eq!(again[0].correlation_id, "m1-r2");
+        assert_eq!(again[0].items[0].external_id.as_str(), "a-r2");
+        assert_eq!(again[0].items[1].external_id.as_str(), "b-r2");
+        assert_eq!(again[0].items[1].parent_external_id.as_ref().map(|p| p.as_str()), Some("a-r2"));
+        assert_eq!(again[0].items[1].event, batch[0].items[1].event);
+    }
+}
