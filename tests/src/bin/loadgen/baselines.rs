@@ -25,10 +25,10 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
     let mut text = String::new();
     for b in 0..batches {
         let body: Value = serde_json::from_slice(&generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS))?;
-        let items = intake_common::validate::validate_batch_envelope(&body).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let items = intake_common::validate::validate_batch(&body, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let conversions = items
-            .iter()
-            .map(|item| intake_common::validate::validate_conversion(item, now).map(|v| v.conversion))
+            .into_iter()
+            .map(|item| item.map(|v| v.conversion))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("generated item refused: {e:?}"))?;
         let workspace_id = &keys[b % keys.len()].workspace_id;
