@@ -663,7 +663,7 @@ impl Traffic {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         n += 1;
                         let started = Instant::now();
-                        let (external_ids, status) = if n % 5 == 0 {
+                        let (external_ids, status) = if n.is_multiple_of(5) {
                             let items: Vec<Value> = (0..20).map(|_| conversion("lead")).collect();
                             let ids = items.iter().map(|i| i["external_id"].as_str().unwrap_or_default().to_owned()).collect();
                             let reply = client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;

@@ -230,7 +230,7 @@ impl Traffic {
             n += 1;
             let key = self.keys[rng.gen_range(0..self.keys.len())].clone();
             let value = format!("{}.{:02}", rng.gen_range(1..100_000), rng.gen_range(0..100));
-            let (path, body, pairs) = if n % 4 == 0 {
+            let (path, body, pairs) = if n.is_multiple_of(4) {
                 let prefix = format!("c{seed}-{n}-{}", rng.gen::<u32>());
                 let items: Vec<Value> = (0..BATCH)
                     .map(|i| {
@@ -246,7 +246,7 @@ impl Traffic {
                 ("/v1/conversions/batch", json!({ "conversions": items }), ids)
             } else {
                 // Half the singles re-send an earlier pair with a new value (an update).
-                let id = if n % 2 == 0 && n > 4 { format!("s{seed}-{}", rng.gen_range(1..n)) } else { format!("s{seed}-{n}") };
+                let id = if n.is_multiple_of(2) && n > 4 { format!("s{seed}-{}", rng.gen_range(1..n)) } else { format!("s{seed}-{n}") };
                 (("/v1/conversions"), item(&id, &value), vec![id])
             };
             let indexes: Vec<usize> = {
@@ -301,7 +301,7 @@ impl Traffic {
                 }
                 return;
             }
-            if self.stop.load(Ordering::Relaxed) || (status >= 400 && status < 500 && status != 429) {
+            if self.stop.load(Ordering::Relaxed) || ((400..500).contains(&status) && status != 429) {
                 return;
             }
             let wait = retry_after.map_or(Duration::from_millis(200), Duration::from_secs);
@@ -508,7 +508,8 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let mut check = check_database(&self.traffic).await;
-        if let Some((workspace, id)) = self.erased.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        let erased = self.erased.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((workspace, id)) = erased {
             check.erasures_undone = usize::from(!email_cleared(&workspace, &id).await);
         }
         let ledger = self.traffic.lock();
@@ -592,7 +593,9 @@ async fn check_database_once(traffic: &Traffic) -> Check {
     {
         let rows: Vec<(String, String, Option<String>, String)> =
             sqlx::query_as("SELECT workspace_id, external_id, value::text, chain_id FROM conversions").fetch_all(&db).await.unwrap_or_default();
-        let mut stored: HashMap<(String, String), Vec<(Option<String>, String)>> = HashMap::new();
+        // (workspace, external id) → every stored (value, chain) of it: more than one is a duplicate.
+        type Stored = HashMap<(String, String), Vec<(Option<String>, String)>>;
+        let mut stored: Stored = HashMap::new();
         for (workspace, external_id, value, chain) in rows {
             stored.entry((workspace, external_id)).or_default().push((value, chain));
         }
