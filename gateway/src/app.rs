@@ -65,6 +65,9 @@ pub struct App {
 #[derive(Clone)]
 pub struct RequestContext {
     pub id: Arc<str>,
+    /// When the request arrived: the write deadline counts from here, so that time spent
+    /// before the write (a slow key look-up, reading the body) is inside it.
+    pub started: std::time::Instant,
     facts: Arc<Facts>,
 }
 
@@ -76,7 +79,7 @@ struct Facts {
 
 impl Default for RequestContext {
     fn default() -> Self {
-        RequestContext { id: ids::new_id("req_").into(), facts: Arc::default() }
+        RequestContext { id: ids::new_id("req_").into(), started: std::time::Instant::now(), facts: Arc::default() }
     }
 }
 

@@ -95,7 +95,7 @@ async fn write(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms).await.map_err(|error: WriteError| {
+    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started).await.map_err(|error: WriteError| {
         app.metrics.write_failures.inc();
         ApiError::Internal(error.to_string())
     })

@@ -105,9 +105,11 @@ impl WriteClient {
         workspace_id: &str,
         chunks: Vec<Vec<Conversion>>,
         received_at_ms: i64,
+        request_started: std::time::Instant,
     ) -> Result<Vec<Vec<ItemResult>>, WriteError> {
-        let deadline = Instant::now() + self.timeout;
-        let deadline_ms = now_ms() + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
+        let deadline = Instant::from_std(request_started) + self.timeout;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let deadline_ms = now_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
         let mut deliveries = Vec::with_capacity(chunks.len());
         let mut replies = Vec::with_capacity(chunks.len());
         for items in chunks {
