@@ -59,10 +59,6 @@ impl ApiError {
         if let Some(value) = www_authenticate.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
             headers.insert(http::header::WWW_AUTHENTICATE, value);
         }
-        if code == ErrorCode::RequestTimeout {
-            // The body was not read: the connection cannot carry another request.
-            headers.insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        }
         if let ApiError::RateLimited { retry_after_secs } | ApiError::Overloaded { retry_after_secs } = self {
             headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry_after_secs));
         }

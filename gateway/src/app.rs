@@ -24,7 +24,7 @@ use crate::{conversions, openapi, workspace};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use intake_common::error::ErrorCode;
 use intake_common::ids;
 use sqlx::PgPool;
@@ -75,6 +75,7 @@ pub struct RequestContext {
 struct Facts {
     principal: OnceLock<(String, String)>,
     items: OnceLock<usize>,
+    body_read: OnceLock<()>,
 }
 
 impl Default for RequestContext {
@@ -91,6 +92,11 @@ impl RequestContext {
     /// The number of conversions the request carried.
     pub fn items(&self, count: usize) {
         let _ = self.facts.items.set(count);
+    }
+
+    /// The request's body has been read to its end.
+    pub fn body_read(&self) {
+        let _ = self.facts.body_read.set(());
     }
 }
 
@@ -135,6 +141,7 @@ impl App {
         request.extensions_mut().insert(context.clone());
         let method = request.method().clone();
         let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
+        let has_body = !request.body().is_end_stream();
         let refused = match inner.oneshot(request).await {
             Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
             // Logged with the request id as an internal error; the panic's message is not
@@ -151,6 +158,12 @@ impl App {
         });
         if let Ok(value) = http::HeaderValue::from_str(&context.id) {
             response.headers_mut().insert("x-request-id", value);
+        }
+        if has_body && context.facts.body_read.get().is_none() {
+            // Answered before its body was read (413, 408, 503, 401 on a write...): hyper closes
+            // the connection after the response, so say so, or a client would reuse it and
+            // lose its next request to the close.
+            response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
         let status = response.status().as_u16();
         let elapsed = started.elapsed();

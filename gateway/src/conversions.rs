@@ -23,7 +23,7 @@ pub async fn single(
     request: http::Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(app, request, SINGLE_LIMIT).await?;
+    let value = read_json(app, context, request, SINGLE_LIMIT).await?;
     context.items(1);
     let valid = validate_conversion(&value, received_at_ms)?;
     app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
@@ -40,7 +40,7 @@ pub async fn batch(
     request: http::Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(app, request, BATCH_LIMIT).await?;
+    let value = read_json(app, context, request, BATCH_LIMIT).await?;
     let validated: Vec<Result<ValidConversion, Invalid>> =
         validate_batch(&value, received_at_ms).map_err(ApiError::Validation)?;
     context.items(validated.len());
@@ -79,9 +79,10 @@ pub async fn batch(
     Ok(json(200, &json!({ "results": results, "summary": summary.to_json() })))
 }
 
-async fn read_json(app: &App, request: http::Request<Incoming>, limit: usize) -> Result<Value, ApiError> {
+async fn read_json(app: &App, context: &RequestContext, request: http::Request<Incoming>, limit: usize) -> Result<Value, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
+    context.body_read();
     serde_json::from_slice(&bytes).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
 }
 

@@ -140,9 +140,11 @@ async fn main() -> anyhow::Result<()> {
         max_connections: config.max_connections,
         shutdown_grace: ms(config.shutdown_grace_ms),
     };
-    // The ops port first, so that /healthz and /readyz answer while Kafka is being reached, and
-    // until the process exits (so /readyz answers 503 during shutdown).
+    // Both ports are bound at once (a port in use fails the start). The ops port serves first, so
+    // that /healthz and /readyz answer while Kafka is being reached, and until the process exits
+    // (so /readyz answers 503 during shutdown).
     let ops = TcpListener::bind(config.ops_listen).await?;
+    let api = TcpListener::bind(config.listen).await?;
     let ops_service = {
         let (readiness, metrics) = (readiness.clone(), metrics.clone());
         tower::service_fn(move |request| {
@@ -154,7 +156,6 @@ async fn main() -> anyhow::Result<()> {
 
     let write_timeout = ms(config.write_timeout_ms);
     let writes = writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
-    tokio::spawn(readiness.clone().keep_checking(pool.clone(), writes.clone()));
     let key_cache = auth::CacheSettings {
         ttl: ms(config.auth_cache_ttl_ms),
         unknown_ttl: ms(config.unknown_key_cache_ttl_ms),
@@ -175,18 +176,19 @@ async fn main() -> anyhow::Result<()> {
             config.reply_stall_ms.map_or(write_timeout, ms),
             metrics.clone(),
         ),
-        pool,
-        writes,
+        pool: pool.clone(),
+        writes: writes.clone(),
         metrics,
         script_base_url: config.script_base_url,
         body_read_timeout: ms(config.body_read_timeout_ms),
         panic_test_route: config.panic_test_route,
     });
 
-    let api = TcpListener::bind(config.listen).await?;
     tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway listening");
     let shutdown = CancellationToken::new();
     let api_server = tokio::spawn(server::serve(api, app::api_service(app, config.max_requests_in_flight), settings, shutdown.clone()));
+    // Only now can it be ready: a probe that sees 200 finds the API accepting.
+    tokio::spawn(readiness.clone().keep_checking(pool, writes));
     intake_common::service::shutdown_signal().await;
     readiness.shutting_down();
     tracing::info!(delay_ms = config.shutdown_delay_ms, "shutting down: not ready; finishing in-flight requests");

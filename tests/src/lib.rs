@@ -408,7 +408,7 @@ impl Client {
         if let Some(body) = body {
             request = request.json(body);
         }
-        Reply::from(request.send().await.unwrap_or_else(|e| panic!("request failed: {e}"))).await
+        Reply::from(request.send().await.unwrap_or_else(|e| panic!("request failed: {e}: {e:?}"))).await
     }
 
     pub async fn post(&self, path: &str, key: &TestKey, body: &Value) -> Reply {
