@@ -390,6 +390,25 @@ impl Drop for Stack {
             let _ = writer.kill();
             let _ = writer.wait();
         }
+        self.delete_topics();
+    }
+}
+
+impl Stack {
+    /// Deletes the stack's topics, so that a broker that serves test run after test run does not
+    /// pile up thousands of partitions. Bounded: a broker that does not answer keeps them.
+    fn delete_topics(&self) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        let brokers = self.options.kafka_brokers.clone().unwrap_or_else(|| env("INTAKE_KAFKA_BROKERS"));
+        let topics: Vec<String> = ["requests", "replies", "requests.dlq"].iter().map(|t| format!("{}.{t}", self.topic_prefix)).collect();
+        let deleting = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            let Ok(admin) = rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).create::<AdminClient<_>>() else { return };
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(3)));
+            let _ = runtime.block_on(tokio::time::timeout(Duration::from_secs(5), admin.delete_topics(&names, &options)));
+        });
+        let _ = deleting.join();
     }
 }
 
