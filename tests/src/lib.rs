@@ -302,6 +302,30 @@ impl Drop for Stack {
             let _ = writer.kill();
             let _ = writer.wait();
         }
+        self.delete_topics();
+    }
+}
+
+impl Stack {
+    /// Deletes the stack's topics, so that test runs by the thousand do not pile partitions up
+    /// in the broker until it runs out of memory. Best effort, bounded to a few seconds.
+    fn delete_topics(&self) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        let brokers = self.options.kafka_brokers.clone().unwrap_or_else(|| env("INTAKE_KAFKA_BROKERS"));
+        let topics = ["requests", "replies", "requests.dlq"].map(|name| format!("{}.{name}", self.topic_prefix));
+        // A thread of its own: drop may run on the test's runtime, which cannot block on another.
+        let deleting = std::thread::spawn(move || {
+            let admin: AdminClient<DefaultClientContext> =
+                rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).create().ok()?;
+            let options = AdminOptions::new()
+                .request_timeout(Some(Duration::from_secs(3)))
+                .operation_timeout(Some(Duration::from_secs(3)));
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(admin.delete_topics(&names, &options)).ok()
+        });
+        let _ = deleting.join();
     }
 }
 
