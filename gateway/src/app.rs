@@ -142,7 +142,7 @@ impl App {
         let method = request.method().clone();
         let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
         let has_body = !request.body().is_end_stream();
-        let refused = match inner.oneshot(request).await {
+        let outcome = match inner.oneshot(request).await {
             Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
             // Logged with the request id as an internal error; the panic's message is not
             // logged, as it may quote the input.
@@ -153,7 +153,7 @@ impl App {
             }
             Err(error) => Err(ApiError::Internal(format!("service: {error}"))),
         };
-        let mut response = refused.unwrap_or_else(|error| {
+        let mut response = outcome.unwrap_or_else(|error| {
             error.into_response(&context.id).map(|body| body.map_err(|never| match never {}).boxed_unsync())
         });
         if let Ok(value) = http::HeaderValue::from_str(&context.id) {

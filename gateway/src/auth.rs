@@ -162,7 +162,22 @@ fn presented_key(header: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::presented_key;
+    use super::*;
+    use moka::Expiry as _;
+
+    #[test]
+    fn unknown_keys_are_remembered_for_the_shorter_time() {
+        let settings = CacheSettings { ttl: Duration::from_secs(2), unknown_ttl: Duration::from_secs(1), capacity: 10, stale_ttl: Duration::from_secs(600) };
+        let expiry = Expiry(settings);
+        let principal = Principal { key_id: "k".into(), workspace_id: "w".into(), scopes: Vec::new() };
+        let ttl = |lookup: &Lookup| expiry.expire_after_create(&[0; 32], lookup, Instant::now());
+        assert_eq!(ttl(&Lookup::Unknown), Some(Duration::from_secs(1)));
+        for known in [Lookup::Revoked, Lookup::WorkspaceDeleted, Lookup::WorkspaceSuspended, Lookup::Active(principal)] {
+            assert_eq!(ttl(&known), Some(Duration::from_secs(2)));
+        }
+        let longer_unknown = Expiry(CacheSettings { unknown_ttl: Duration::from_secs(9), ..settings });
+        assert_eq!(longer_unknown.expire_after_create(&[0; 32], &Lookup::Unknown, Instant::now()), Some(Duration::from_secs(2)));
+    }
 
     #[test]
     fn bearer_and_bare_keys() {

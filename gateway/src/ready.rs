@@ -74,3 +74,24 @@ async fn check_postgres(pool: &PgPool) -> Result<(), String> {
         Err(_) => Err("timed out".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(failing: Option<Vec<&'static str>>) -> Readiness {
+        let readiness = Readiness::default();
+        *readiness.failing.lock().unwrap_or_else(|p| p.into_inner()) = failing;
+        readiness
+    }
+
+    #[test]
+    fn ready_only_after_a_check_found_nothing_failing_and_never_once_shutting_down() {
+        assert_eq!(with(None).status(), Err(vec!["starting"]));
+        assert_eq!(with(Some(vec!["postgres"])).status(), Err(vec!["postgres"]));
+        let ready = with(Some(Vec::new()));
+        assert_eq!(ready.status(), Ok(()));
+        ready.shutting_down();
+        assert_eq!(ready.status(), Err(vec!["shutting_down"]));
+    }
+}

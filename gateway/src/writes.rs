@@ -50,6 +50,14 @@ struct Pending {
     sent_at: Instant,
 }
 
+impl Waiting {
+    /// Chunks wait, and none has been answered for `stall` (counted from when waiting began, if
+    /// that is later than the last answer).
+    fn behind(&self, stall: Duration) -> bool {
+        !self.chunks.is_empty() && self.busy_since.max(self.last_progress).elapsed() >= stall
+    }
+}
+
 type Shared = Arc<Mutex<Waiting>>;
 
 fn lock(waiting: &Shared) -> std::sync::MutexGuard<'_, Waiting> {
@@ -153,8 +161,7 @@ impl WriteClient {
 
     /// Whether the writers are behind: chunks wait, and none has been answered for `stall`.
     pub fn writers_behind(&self, stall: Duration) -> bool {
-        let waiting = lock(&self.waiting);
-        !waiting.chunks.is_empty() && waiting.busy_since.max(waiting.last_progress).elapsed() >= stall
+        lock(&self.waiting).behind(stall)
     }
 
     /// For readiness: the reply partition is assigned to this gateway and its leader answers,
@@ -254,5 +261,28 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metric
             let WriteReply::V1(reply) = reply;
             let _ = pending.sender.send(reply.outcome);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(chunks: usize, busy_for: Duration, last_progress_ago: Duration) -> Waiting {
+        let now = Instant::now();
+        let chunks = (0..chunks)
+            .map(|n| (n.to_string(), Pending { sender: oneshot::channel().0, sent_at: now }))
+            .collect();
+        Waiting { chunks, busy_since: now - busy_for, last_progress: now - last_progress_ago }
+    }
+
+    #[test]
+    fn behind_only_when_chunks_wait_and_nothing_was_answered_for_the_stall_time() {
+        let stall = Duration::from_secs(5);
+        let long = Duration::from_secs(60);
+        assert!(!waiting(0, long, long).behind(stall), "nothing waits");
+        assert!(waiting(3, Duration::from_secs(6), long).behind(stall), "waiting 6 s, no answer for a minute");
+        assert!(!waiting(3, Duration::from_secs(6), Duration::from_secs(1)).behind(stall), "an answer a second ago");
+        assert!(!waiting(3, Duration::from_secs(1), long).behind(stall), "waiting began a second ago, after a quiet minute");
     }
 }
