@@ -31,9 +31,19 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
         NewTopic::new(&kafka.dlq_topic, 1, replication()),
     ]
     .map(|topic| topic.set("retention.ms", &retention).set("min.insync.replicas", &min_insync));
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30))).operation_timeout(Some(Duration::from_secs(30)));
     let (mut created, mut existing) = (Vec::new(), Vec::new());
-    for result in admin.create_topics(&topics, &options).await? {
+    // A controller that is slow (a cluster still electing, a loaded machine) times the request
+    // out; asking again is safe: what was created meanwhile answers TopicAlreadyExists.
+    let mut attempts = 0;
+    let results = loop {
+        attempts += 1;
+        match admin.create_topics(&topics, &options).await {
+            Err(error) if attempts < 4 => tracing::warn!(%error, attempts, "creating the topics timed out; asking again"),
+            other => break other?,
+        }
+    };
+    for result in results {
         match result {
             Ok(name) => created.push(name),
             Err((name, RDKafkaErrorCode::TopicAlreadyExists)) => existing.push(name),
@@ -49,7 +59,7 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
 /// moment later. Returns when every partition of every topic has a leader, so that programs
 /// started right after this command find their partitions.
 async fn wait_until_led(admin: &AdminClient<DefaultClientContext>, names: &[&str]) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let led = names.iter().all(|name| {
             admin.inner().fetch_metadata(Some(name), Duration::from_secs(5)).is_ok_and(|metadata| {
@@ -63,7 +73,7 @@ async fn wait_until_led(admin: &AdminClient<DefaultClientContext>, names: &[&str
         if led {
             return Ok(());
         }
-        anyhow::ensure!(std::time::Instant::now() < deadline, "the topics have no leader after 30 s");
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the topics have no leader after 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
