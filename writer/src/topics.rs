@@ -35,11 +35,20 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
     let (mut created, mut existing) = (Vec::new(), Vec::new());
     // A controller that is slow (a cluster still electing, a loaded machine) times the request
     // out; asking again is safe: what was created meanwhile answers TopicAlreadyExists.
+    // Brokers of a cluster that just started may not all be registered yet: too few for the
+    // replication asked for is also asked again, for half a minute.
     let mut attempts = 0;
     let results = loop {
         attempts += 1;
         match admin.create_topics(&topics, &options).await {
             Err(error) if attempts < 4 => tracing::warn!(%error, attempts, "creating the topics timed out; asking again"),
+            Ok(results)
+                if attempts < 30
+                    && results.iter().any(|r| matches!(r, Err((_, RDKafkaErrorCode::InvalidReplicationFactor)))) =>
+            {
+                tracing::warn!(attempts, "not enough brokers registered yet for the replication; asking again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             other => break other?,
         }
     };
