@@ -128,7 +128,9 @@ fn print_sample(kind: &str) {
 }
 
 fn say(message: &str) {
-    eprintln!("==> {message}");
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = START.get_or_init(std::time::Instant::now).elapsed().as_secs();
+    eprintln!("==> [{:02}:{:02}] {message}", elapsed / 60, elapsed % 60);
 }
 
 async fn start_stack(gateways: usize, writers: usize) -> Stack {
@@ -292,6 +294,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&profile_dir)?;
     let database_url = intake_tests::env("DATABASE_URL");
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&database_url).await?;
+    say("measuring how busy the machine is before the run (3 s)");
     let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let machine = machine::describe(Duration::from_secs(3)).await;
     let versions = machine::versions(&db, &intake_tests::env("INTAKE_REDIS_URL")).await;
@@ -369,6 +372,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
             scale.push(scale_row(gateways, writers, &scenario));
         }
+        scale.sort_by_key(|row| (row["gateways"].as_u64(), row["writers"].as_u64()));
     }
 
     let run = report::Run {

@@ -106,27 +106,29 @@ pub fn summarize(data: &Path, roles: &HashMap<u32, &'static str>, out: &Path, na
     flamegraph.wait()?;
 
     let share = |n: u64| (n as f64 / total as f64 * 1000.0).round() / 10.0;
+    // Within a role, shares of the role's own samples: readable even when the machine is shared.
+    let share_of = |n: u64, of: u64| (n as f64 / of.max(1) as f64 * 1000.0).round() / 10.0;
     let mut summary = format!("{title}\n{total} samples of every CPU at 97 Hz (perf record -a -e cpu-clock)\n\n");
     let mut roles_json = serde_json::Map::new();
     let mut ordered: Vec<(&str, u64)> = by_role.iter().map(|(r, n)| (*r, *n)).collect();
     ordered.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     for (role, samples) in &ordered {
-        summary.push_str(&format!("{role}: {}% of samples; hottest functions (self time):\n", share(*samples)));
+        summary.push_str(&format!("{role}: {}% of all samples; hottest functions, self time, % of the role's samples:\n", share(*samples)));
         let mut hot: Vec<(&String, &u64)> = leaves[role].iter().collect();
         hot.sort_by(|a, b| b.1.cmp(a.1));
-        let top: Vec<Value> = hot.iter().take(12).map(|(f, n)| json!({ "function": f, "percent_of_all": share(**n) })).collect();
-        for (function, samples) in hot.iter().take(12) {
-            summary.push_str(&format!("  {:5.1}%  {function}\n", share(**samples)));
+        let top: Vec<Value> = hot.iter().take(12).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
+        for (function, n) in hot.iter().take(12) {
+            summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
         let mut own: Vec<(&String, &u64)> = inclusive.get(role).map(|m| m.iter().collect()).unwrap_or_default();
         own.sort_by(|a, b| b.1.cmp(a.1));
         if !own.is_empty() {
-            summary.push_str("  our functions, inclusive (time in them and what they call):\n");
+            summary.push_str("  our functions, inclusive (time in them and what they call), % of the role's samples:\n");
         }
-        for (function, samples) in own.iter().take(15) {
-            summary.push_str(&format!("  {:5.1}%  {function}\n", share(**samples)));
+        for (function, n) in own.iter().take(15) {
+            summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
-        let own: Vec<Value> = own.iter().take(15).map(|(f, n)| json!({ "function": f, "percent_of_all": share(**n) })).collect();
+        let own: Vec<Value> = own.iter().take(15).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
         summary.push('\n');
         roles_json.insert((*role).to_owned(), json!({ "percent_of_samples": share(*samples), "hottest": top, "own_code_inclusive": own }));
     }

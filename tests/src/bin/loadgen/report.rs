@@ -277,15 +277,17 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                     continue;
                 }
                 let _ = writeln!(md, "### {name} ({} samples; flamegraph `{}`, summary `{}`)\n", p["samples"], p["flamegraph"].as_str().unwrap_or(""), p["summary"].as_str().unwrap_or(""));
-                let _ = writeln!(md, "| role | % of samples | hottest functions (self, % of all samples) |\n|---|---|---|");
+                let _ = writeln!(md, "| role | % of all samples | hottest functions (self time, % of the role) | own code, inclusive (% of the role) |\n|---|---|---|---|");
                 let mut roles: Vec<(&String, &Value)> = p["by_role"].as_object().map(|o| o.iter().collect()).unwrap_or_default();
                 roles.sort_by(|a, b| field(b.1, "percent_of_samples").total_cmp(&field(a.1, "percent_of_samples")));
                 for (role, r) in roles {
-                    let hot = r["hottest"]
-                        .as_array()
-                        .map(|h| h.iter().take(4).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_all"])).collect::<Vec<_>>().join(", "))
-                        .unwrap_or_default();
-                    let _ = writeln!(md, "| {role} | {} | {hot} |", r["percent_of_samples"]);
+                    let list = |key: &str, n: usize| {
+                        r[key]
+                            .as_array()
+                            .map(|h| h.iter().take(n).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_role"])).collect::<Vec<_>>().join(", "))
+                            .unwrap_or_default()
+                    };
+                    let _ = writeln!(md, "| {role} | {} | {} | {} |", r["percent_of_samples"], list("hottest", 4), list("own_code_inclusive", 6));
                 }
                 let _ = writeln!(md);
             }
