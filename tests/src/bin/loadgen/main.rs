@@ -421,7 +421,7 @@ fn scale_row(gateways: usize, writers: usize, scenario: &Scenario) -> Value {
     })
 }
 
-/// batch_ingest and reject_401 again, each under `perf record -a`.
+/// batch_ingest and reject_401 again, each under `perf record` of the run's processes.
 async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, dir: &std::path::Path) -> Value {
     if let Some(reason) = profile::unavailable() {
         say(&format!("no profile: {reason}"));
@@ -442,14 +442,15 @@ async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, 
     for (name, clients, plan) in scenarios {
         say(&format!("profiling {name} for {} s", config.profile_seconds));
         let data = dir.join(format!("{name}.perf.data"));
-        let recording = profile::record(&data, duration);
-        closed_loop(&targets(stack), clients, duration, plan).await;
-        // PostgreSQL's backends come and go: name them after the scenario, as they were then.
+        // The pools' backends live as long as the stack: those there now are the ones working.
         names.extend(roles.postgres_processes().into_iter().map(|p| (p, "postgresql")));
+        let pids: Vec<u32> = names.keys().copied().collect();
+        let recording = profile::record(&data, &pids, duration);
+        closed_loop(&targets(stack), clients, duration, plan).await;
         let outcome = match recording {
             Ok(mut child) => {
                 let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-                let title = format!("{name}: every CPU while it runs (role;thread;frames)");
+                let title = format!("{name}: this run's processes while it runs (role;thread;frames)");
                 let data_path = data.clone();
                 let (names, dir, name_owned) = (names.clone(), dir.to_path_buf(), name.to_owned());
                 tokio::task::spawn_blocking(move || profile::summarize(&data_path, &names, &dir, &name_owned, &title))
