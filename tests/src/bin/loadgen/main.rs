@@ -18,6 +18,7 @@ mod machine;
 mod measure;
 mod profile;
 mod report;
+mod stages;
 
 use bodies::{Generator, BATCH_ITEMS};
 use client::Planned;
@@ -96,7 +97,7 @@ pub struct Scenario {
     pub counted: Counted,
     /// Cores used per role over the scenario's middle.
     pub cores: Value,
-    /// The writers' own stage timers over the scenario (Kafka path only).
+    /// The stages' own timers over the scenario (Kafka path only; `stages.rs`).
     pub writer: Option<Value>,
 }
 
@@ -171,39 +172,12 @@ fn roles_of(stack: &Stack, infrastructure: &Roles) -> Roles {
     Roles { gateways, writers, ..infrastructure.clone() }
 }
 
-/// Sums of the writers' apply timer and message counter (their ops port's /metrics).
-async fn writer_counters(stack: &Stack) -> (f64, f64, f64) {
-    let mut sums = (0.0, 0.0, 0.0);
-    for url in &stack.writer_ops_urls {
-        let Ok(response) = stack.http.get(format!("{url}/metrics")).send().await else { continue };
-        let text = response.text().await.unwrap_or_default();
-        let value = |prefix: &str| -> f64 {
-            text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-        };
-        sums.0 += value("intake_writer_apply_seconds_sum ");
-        sums.1 += value("intake_writer_apply_seconds_count ");
-        sums.2 += value("intake_writer_messages_total{");
-    }
-    sums
-}
-
-fn writer_stage(before: (f64, f64, f64), after: (f64, f64, f64), elapsed: Duration, writers: usize) -> Value {
-    let (seconds, groups, messages) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
-    json!({
-        "apply_busy_fraction_per_writer": measure::round2(seconds / elapsed.as_secs_f64() / writers.max(1) as f64),
-        "groups": groups,
-        "messages": messages,
-        "messages_per_group": measure::round2(messages / groups.max(1.0)),
-        "mean_apply_ms_per_group": measure::round2(seconds * 1000.0 / groups.max(1.0)),
-    })
-}
-
 /// A closed-loop scenario on the stack, with the cores and writer timers meanwhile.
 async fn closed(stack: &Stack, roles: &Roles, clients: usize, duration: Duration, counted: Counted, plan: ClosedPlan) -> Scenario {
     let cores = tokio::spawn(roles.clone().cores_during(duration));
-    let before = writer_counters(stack).await;
+    let before = stages::read(stack).await;
     let measured = closed_loop(&targets(stack), clients, duration, plan).await;
-    let writer = writer_stage(before, writer_counters(stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let writer = stages::between(&before, &stages::read(stack).await, measured.elapsed, stack.writer_ops_urls.len());
     Scenario { measured, counted, cores: cores.await.unwrap_or_default(), writer: Some(writer) }
 }
 
@@ -331,9 +305,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     say(&format!("single_200rps: {} requests/s, open loop", config.rate));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
-    let before = writer_counters(&stack).await;
+    let before = stages::read(&stack).await;
     let measured = open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
-    let writer = writer_stage(before, writer_counters(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let writer = stages::between(&before, &stages::read(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
     let cores = cores.await.unwrap_or_default();
     scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
 
