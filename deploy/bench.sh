@@ -19,8 +19,10 @@ source "$(dirname "$0")/lib.sh"
 micro=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" INTAKE_BENCH_WARMUP_SECONDS=2 \
-                        INTAKE_BENCH_PROFILE_SECONDS=5 INTAKE_BENCH_SCALE=0 ;;
+        --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" \
+                        INTAKE_BENCH_WARMUP_SECONDS="${INTAKE_BENCH_WARMUP_SECONDS:-2}" \
+                        INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-5}" \
+                        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" ;;
         --seconds) export INTAKE_BENCH_SECONDS="$2"; shift ;;
         --gateways) export INTAKE_BENCH_GATEWAYS="$2"; shift ;;
         --writers) export INTAKE_BENCH_WRITERS="$2"; shift ;;

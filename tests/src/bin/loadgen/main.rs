@@ -18,6 +18,7 @@ mod machine;
 mod measure;
 mod profile;
 mod report;
+mod stages;
 
 use bodies::{Generator, BATCH_ITEMS};
 use client::Planned;
@@ -96,7 +97,7 @@ pub struct Scenario {
     pub counted: Counted,
     /// Cores used per role over the scenario's middle.
     pub cores: Value,
-    /// The writers' own stage timers over the scenario (Kafka path only).
+    /// The stages' own timers over the scenario (Kafka path only; `stages.rs`).
     pub writer: Option<Value>,
 }
 
@@ -128,7 +129,9 @@ fn print_sample(kind: &str) {
 }
 
 fn say(message: &str) {
-    eprintln!("==> {message}");
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let elapsed = START.get_or_init(std::time::Instant::now).elapsed().as_secs();
+    eprintln!("==> [{:02}:{:02}] {message}", elapsed / 60, elapsed % 60);
 }
 
 async fn start_stack(gateways: usize, writers: usize) -> Stack {
@@ -169,39 +172,12 @@ fn roles_of(stack: &Stack, infrastructure: &Roles) -> Roles {
     Roles { gateways, writers, ..infrastructure.clone() }
 }
 
-/// Sums of the writers' apply timer and message counter (their ops port's /metrics).
-async fn writer_counters(stack: &Stack) -> (f64, f64, f64) {
-    let mut sums = (0.0, 0.0, 0.0);
-    for url in &stack.writer_ops_urls {
-        let Ok(response) = stack.http.get(format!("{url}/metrics")).send().await else { continue };
-        let text = response.text().await.unwrap_or_default();
-        let value = |prefix: &str| -> f64 {
-            text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
-        };
-        sums.0 += value("intake_writer_apply_seconds_sum ");
-        sums.1 += value("intake_writer_apply_seconds_count ");
-        sums.2 += value("intake_writer_messages_total{");
-    }
-    sums
-}
-
-fn writer_stage(before: (f64, f64, f64), after: (f64, f64, f64), elapsed: Duration, writers: usize) -> Value {
-    let (seconds, groups, messages) = (after.0 - before.0, after.1 - before.1, after.2 - before.2);
-    json!({
-        "apply_busy_fraction_per_writer": measure::round2(seconds / elapsed.as_secs_f64() / writers.max(1) as f64),
-        "groups": groups,
-        "messages": messages,
-        "messages_per_group": measure::round2(messages / groups.max(1.0)),
-        "mean_apply_ms_per_group": measure::round2(seconds * 1000.0 / groups.max(1.0)),
-    })
-}
-
 /// A closed-loop scenario on the stack, with the cores and writer timers meanwhile.
 async fn closed(stack: &Stack, roles: &Roles, clients: usize, duration: Duration, counted: Counted, plan: ClosedPlan) -> Scenario {
     let cores = tokio::spawn(roles.clone().cores_during(duration));
-    let before = writer_counters(stack).await;
+    let before = stages::read(stack).await;
     let measured = closed_loop(&targets(stack), clients, duration, plan).await;
-    let writer = writer_stage(before, writer_counters(stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let writer = stages::between(&before, &stages::read(stack).await, measured.elapsed, stack.writer_ops_urls.len());
     Scenario { measured, counted, cores: cores.await.unwrap_or_default(), writer: Some(writer) }
 }
 
@@ -292,6 +268,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&profile_dir)?;
     let database_url = intake_tests::env("DATABASE_URL");
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&database_url).await?;
+    say("measuring how busy the machine is before the run (3 s)");
     let started_at = time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?;
     let machine = machine::describe(Duration::from_secs(3)).await;
     let versions = machine::versions(&db, &intake_tests::env("INTAKE_REDIS_URL")).await;
@@ -328,9 +305,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     say(&format!("single_200rps: {} requests/s, open loop", config.rate));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
-    let before = writer_counters(&stack).await;
+    let before = stages::read(&stack).await;
     let measured = open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
-    let writer = writer_stage(before, writer_counters(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let writer = stages::between(&before, &stages::read(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
     let cores = cores.await.unwrap_or_default();
     scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
 
@@ -369,6 +346,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
             scale.push(scale_row(gateways, writers, &scenario));
         }
+        scale.sort_by_key(|row| (row["gateways"].as_u64(), row["writers"].as_u64()));
     }
 
     let run = report::Run {
@@ -417,7 +395,7 @@ fn scale_row(gateways: usize, writers: usize, scenario: &Scenario) -> Value {
     })
 }
 
-/// batch_ingest and reject_401 again, each under `perf record -a`.
+/// batch_ingest and reject_401 again, each under `perf record` of the run's processes.
 async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, dir: &std::path::Path) -> Value {
     if let Some(reason) = profile::unavailable() {
         say(&format!("no profile: {reason}"));
@@ -438,14 +416,15 @@ async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, 
     for (name, clients, plan) in scenarios {
         say(&format!("profiling {name} for {} s", config.profile_seconds));
         let data = dir.join(format!("{name}.perf.data"));
-        let recording = profile::record(&data, duration);
-        closed_loop(&targets(stack), clients, duration, plan).await;
-        // PostgreSQL's backends come and go: name them after the scenario, as they were then.
+        // The pools' backends live as long as the stack: those there now are the ones working.
         names.extend(roles.postgres_processes().into_iter().map(|p| (p, "postgresql")));
+        let pids: Vec<u32> = names.keys().copied().collect();
+        let recording = profile::record(&data, &pids, duration);
+        closed_loop(&targets(stack), clients, duration, plan).await;
         let outcome = match recording {
             Ok(mut child) => {
                 let _ = tokio::task::spawn_blocking(move || child.wait()).await;
-                let title = format!("{name}: every CPU while it runs (role;thread;frames)");
+                let title = format!("{name}: this run's processes while it runs (role;thread;frames)");
                 let data_path = data.clone();
                 let (names, dir, name_owned) = (names.clone(), dir.to_path_buf(), name.to_owned());
                 tokio::task::spawn_blocking(move || profile::summarize(&data_path, &names, &dir, &name_owned, &title))

@@ -1,7 +1,8 @@
-//! A CPU profile of the whole machine while a scenario runs again (not during the measured
-//! run: sampling costs CPU). `perf record -a` with the software clock event (this sandbox has
-//! no hardware counters) and DWARF call graphs (release builds have no frame pointers); the
-//! stacks are folded by `inferno-collapse-perf`, each process renamed by its role in the stack,
+//! A CPU profile of the run's processes (gateway, writer, PostgreSQL, Kafka, Redis, the load
+//! generator) while a scenario runs again (not during the measured run: sampling costs CPU).
+//! `perf record` with the software clock event (this sandbox has no hardware counters) and
+//! DWARF call graphs (release builds have no frame pointers); the stacks are folded by
+//! `inferno-collapse-perf`, each process renamed by its role in the stack,
 //! drawn by `inferno-flamegraph`, and the hottest functions of each role listed in a text
 //! summary. Skipped, with the reason in the report, when perf or inferno is missing.
 
@@ -15,16 +16,16 @@ use std::time::Duration;
 pub fn unavailable() -> Option<String> {
     let probe = std::env::temp_dir().join(format!("intake-perf-probe-{}", std::process::id()));
     let works = Command::new("perf")
-        .args(["record", "-q", "-a", "-e", "cpu-clock", "-o"])
+        .args(["record", "-q", "-e", "cpu-clock", "-p", &std::process::id().to_string(), "-o"])
         .arg(&probe)
-        .args(["--", "true"])
+        .args(["--", "sleep", "0.1"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     let _ = std::fs::remove_file(&probe);
     if !works {
-        return Some("perf record -a -e cpu-clock does not work here (install linux-perf; kernel.perf_event_paranoid)".into());
+        return Some("perf record -e cpu-clock does not work here (install linux-perf; kernel.perf_event_paranoid)".into());
     }
     for tool in ["inferno-collapse-perf", "inferno-flamegraph"] {
         if Command::new(tool).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
@@ -34,10 +35,13 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// Starts sampling every CPU for `duration`; wait on the child to finish.
-pub fn record(data: &Path, duration: Duration) -> std::io::Result<std::process::Child> {
+/// Starts sampling the given processes (all their threads) for `duration`; wait on the child
+/// to finish. Only this run's processes: unwinding other programs' stacks (a compiler's, on a
+/// shared machine) makes `perf script` take many minutes, and /proc already says what they used.
+pub fn record(data: &Path, pids: &[u32], duration: Duration) -> std::io::Result<std::process::Child> {
+    let pids = pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     Command::new("perf")
-        .args(["record", "-q", "-a", "-e", "cpu-clock", "-F", "97", "--call-graph", "dwarf,16384", "-o"])
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "97", "--call-graph", "dwarf,16384", "-p", &pids, "-o"])
         .arg(data)
         .args(["--", "sleep", &duration.as_secs().to_string()])
         .stdout(Stdio::null())
@@ -106,27 +110,29 @@ pub fn summarize(data: &Path, roles: &HashMap<u32, &'static str>, out: &Path, na
     flamegraph.wait()?;
 
     let share = |n: u64| (n as f64 / total as f64 * 1000.0).round() / 10.0;
-    let mut summary = format!("{title}\n{total} samples of every CPU at 97 Hz (perf record -a -e cpu-clock)\n\n");
+    // Within a role, shares of the role's own samples: readable even when the machine is shared.
+    let share_of = |n: u64, of: u64| (n as f64 / of.max(1) as f64 * 1000.0).round() / 10.0;
+    let mut summary = format!("{title}\n{total} samples of this run's processes at 97 Hz (perf record -e cpu-clock -p ...)\n\n");
     let mut roles_json = serde_json::Map::new();
     let mut ordered: Vec<(&str, u64)> = by_role.iter().map(|(r, n)| (*r, *n)).collect();
     ordered.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     for (role, samples) in &ordered {
-        summary.push_str(&format!("{role}: {}% of samples; hottest functions (self time):\n", share(*samples)));
+        summary.push_str(&format!("{role}: {}% of all samples; hottest functions, self time, % of the role's samples:\n", share(*samples)));
         let mut hot: Vec<(&String, &u64)> = leaves[role].iter().collect();
         hot.sort_by(|a, b| b.1.cmp(a.1));
-        let top: Vec<Value> = hot.iter().take(12).map(|(f, n)| json!({ "function": f, "percent_of_all": share(**n) })).collect();
-        for (function, samples) in hot.iter().take(12) {
-            summary.push_str(&format!("  {:5.1}%  {function}\n", share(**samples)));
+        let top: Vec<Value> = hot.iter().take(12).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
+        for (function, n) in hot.iter().take(12) {
+            summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
         let mut own: Vec<(&String, &u64)> = inclusive.get(role).map(|m| m.iter().collect()).unwrap_or_default();
         own.sort_by(|a, b| b.1.cmp(a.1));
         if !own.is_empty() {
-            summary.push_str("  our functions, inclusive (time in them and what they call):\n");
+            summary.push_str("  our functions, inclusive (time in them and what they call), % of the role's samples:\n");
         }
-        for (function, samples) in own.iter().take(15) {
-            summary.push_str(&format!("  {:5.1}%  {function}\n", share(**samples)));
+        for (function, n) in own.iter().take(15) {
+            summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
-        let own: Vec<Value> = own.iter().take(15).map(|(f, n)| json!({ "function": f, "percent_of_all": share(**n) })).collect();
+        let own: Vec<Value> = own.iter().take(15).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
         summary.push('\n');
         roles_json.insert((*role).to_owned(), json!({ "percent_of_samples": share(*samples), "hottest": top, "own_code_inclusive": own }));
     }

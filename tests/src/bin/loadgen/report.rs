@@ -86,13 +86,7 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
         format!("neither the CPU ({busy:.2} of {cores_total} cores busy: {list}) nor the writer's apply loop is saturated: bound by waiting (round trips between the stages)")
     };
     if let Some(writer) = &scenario.writer {
-        let _ = write!(
-            text,
-            "; each writer's apply loop busy {:.0} % of the time ({} messages a group, {} ms a group)",
-            field(writer, "apply_busy_fraction_per_writer") * 100.0,
-            field(writer, "messages_per_group"),
-            field(writer, "mean_apply_ms_per_group"),
-        );
+        let _ = write!(text, "; {}", stages_text(writer));
     }
     if other >= 0.25 {
         let _ = write!(text, ". {other:.2} cores went to processes not of this run: the machine was shared, re-run it quiet");
@@ -245,11 +239,7 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         }
         let _ = writeln!(md, "{}\n", cores_table(&scenario.cores));
         if let Some(w) = &scenario.writer {
-            let _ = writeln!(
-                md,
-                "Writer: apply loop busy {:.0} % of the time per writer; {} groups, {} messages a group, {} ms a group.\n",
-                field(w, "apply_busy_fraction_per_writer") * 100.0, w["groups"], w["messages_per_group"], w["mean_apply_ms_per_group"]
-            );
+            let _ = writeln!(md, "Stages: {}.\n", stages_text(w));
         }
     }
 
@@ -277,15 +267,17 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                     continue;
                 }
                 let _ = writeln!(md, "### {name} ({} samples; flamegraph `{}`, summary `{}`)\n", p["samples"], p["flamegraph"].as_str().unwrap_or(""), p["summary"].as_str().unwrap_or(""));
-                let _ = writeln!(md, "| role | % of samples | hottest functions (self, % of all samples) |\n|---|---|---|");
+                let _ = writeln!(md, "| role | % of all samples | hottest functions (self time, % of the role) | own code, inclusive (% of the role) |\n|---|---|---|---|");
                 let mut roles: Vec<(&String, &Value)> = p["by_role"].as_object().map(|o| o.iter().collect()).unwrap_or_default();
                 roles.sort_by(|a, b| field(b.1, "percent_of_samples").total_cmp(&field(a.1, "percent_of_samples")));
                 for (role, r) in roles {
-                    let hot = r["hottest"]
-                        .as_array()
-                        .map(|h| h.iter().take(4).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_all"])).collect::<Vec<_>>().join(", "))
-                        .unwrap_or_default();
-                    let _ = writeln!(md, "| {role} | {} | {hot} |", r["percent_of_samples"]);
+                    let list = |key: &str, n: usize| {
+                        r[key]
+                            .as_array()
+                            .map(|h| h.iter().take(n).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_role"])).collect::<Vec<_>>().join(", "))
+                            .unwrap_or_default()
+                    };
+                    let _ = writeln!(md, "| {role} | {} | {} | {} |", r["percent_of_samples"], list("hottest", 4), list("own_code_inclusive", 6));
                 }
                 let _ = writeln!(md);
             }
@@ -295,6 +287,17 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         }
     }
     md
+}
+
+/// The stage timers of a scenario in words (the bucket bounds are powers of two from 1 ms).
+fn stages_text(w: &Value) -> String {
+    format!(
+        "each writer's apply loop busy {:.0} % of the time ({} groups, {} messages and {} ms a group; apply p50 ≤ {} ms, p99 ≤ {} ms); inside the gateway a write took p50 ≤ {} ms, p99 ≤ {} ms",
+        field(w, "apply_busy_fraction_per_writer") * 100.0,
+        w["groups"], w["messages_per_group"], w["mean_apply_ms_per_group"],
+        w["apply_p50_ms_at_most"], w["apply_p99_ms_at_most"],
+        w["gateway_write_p50_ms_at_most"], w["gateway_write_p99_ms_at_most"],
+    )
 }
 
 fn cores_table(cores: &Value) -> String {
