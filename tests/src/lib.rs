@@ -558,8 +558,11 @@ pub struct KafkaCluster {
 impl KafkaCluster {
     pub fn start() -> KafkaCluster {
         let dir = std::env::temp_dir().join(format!("intake-kafka-{}", ulid::Ulid::new()));
+        // From a random place in the range: two test processes starting clusters at the same
+        // moment (a developer's run beside CI's) would otherwise both pick the first free one.
+        let first = (ulid::Ulid::new().random() % 200) as u16;
         let base_port = (0..200)
-            .map(|i| 31_000 + i * 20)
+            .map(|i| 31_000 + ((first + i) % 200) * 20)
             .find(|base| (0..13).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()))
             .unwrap_or_else(|| panic!("no free ports for a Kafka cluster"));
         let mut cluster = KafkaCluster { dir, base_port, bootstrap: String::new() };

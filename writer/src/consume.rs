@@ -1,23 +1,28 @@
-//! The writer's loop: take the request messages at hand (one, or as many as are waiting, up to
-//! [`MAX_GROUP`]), apply them in order in one transaction, reply to each, and only then mark
-//! their offsets for commit. Delivery is at least once; `applied_messages` makes a redelivery
-//! harmless. Every failure goes through the one retry policy of `retry.rs`.
+//! The writer's loop. One task reads the requests topic and hands each message to a lane by its
+//! partition; each lane takes the messages at hand (one, or as many as are waiting, up to
+//! [`MAX_GROUP`]), applies them in order in one transaction, replies to each, and only then
+//! marks their offsets for commit. A partition (a workspace's messages) always goes to the same
+//! lane, so its chunks keep their order; lanes of different partitions touch different
+//! workspaces and apply in parallel, each on its own connection, so that one writer is not
+//! bounded by the round trips of one transaction at a time. Delivery is at least once;
+//! `applied_messages` makes a redelivery harmless. Every failure goes through the one retry
+//! policy of `retry.rs`.
 
 use crate::health::{Health, WriterContext};
 use crate::metrics::{self, Metrics};
-use crate::retry::{Interrupted, Policy, Stop};
+use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::store;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
 use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Messages applied in one transaction at most. Under load a group amortizes the commit and the
@@ -31,6 +36,8 @@ pub struct Settings {
     /// so that any redelivery or replay from the topic is recognised.
     pub remember_applied: Duration,
     pub policy: Policy,
+    /// Groups applied at once, each of its own partitions (see the module's comment).
+    pub lanes: usize,
     /// How long the final offset commit and leaving the group may take at shutdown (they wait
     /// for the broker, which may be down).
     pub shutdown_timeout: Duration,
@@ -38,7 +45,7 @@ pub struct Settings {
 
 type WriterConsumer = StreamConsumer<WriterContext>;
 
-/// Runs until `shutdown` turns true; the group in hand is finished (or, if it is stuck on an
+/// Runs until `shutdown` turns true; the groups in hand are finished (or, if one is stuck on an
 /// outage, left uncommitted for the next writer), the offsets are committed and the group left.
 pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let consumer: WriterConsumer =
@@ -48,38 +55,41 @@ pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shut
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
     let observer = tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
-    let worker = Worker { pool, producer, metrics: health.metrics.clone(), settings };
-    tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, "writer consuming");
+    let lane_count = settings.lanes.max(1);
+    let worker = Arc::new(Worker { pool, producer, metrics: health.metrics.clone(), settings });
+    tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, lanes = lane_count, "writer consuming");
 
+    let mut lanes = Vec::with_capacity(lane_count);
+    let mut lane_tasks = Vec::with_capacity(lane_count);
+    for _ in 0..lane_count {
+        // Room for one full group waiting while the lane applies another.
+        let (sender, receiver) = mpsc::channel(MAX_GROUP);
+        lanes.push(sender);
+        lane_tasks.push(tokio::spawn(lane(worker.clone(), consumer.clone(), health.clone(), receiver, shutdown.clone())));
+    }
     loop {
-        let first = tokio::select! {
-            _ = shutdown.changed() => break,
-            message = consumer.recv() => message,
+        let received = tokio::select! {
+            () = shutdown_asked(&mut shutdown) => break,
+            message = consumer.recv() => message.map(|m| m.detach()),
         };
-        let mut messages = match first {
-            Ok(message) => vec![message],
+        let message = match received {
+            Ok(message) => message,
             Err(error) => {
                 tracing::warn!(%error, "kafka consume error");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
-        // Whatever else is already waiting (a zero timeout polls once).
-        while messages.len() < MAX_GROUP {
-            match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
-                Ok(Ok(message)) => messages.push(message),
-                _ => break,
-            }
+        let lane = &lanes[usize::try_from(message.partition()).unwrap_or(0) % lane_count];
+        // A full lane holds the reading back (backpressure), shutdown excepted.
+        tokio::select! {
+            () = shutdown_asked(&mut shutdown) => break,
+            sent = lane.send(message) => if sent.is_err() { break },
         }
-        if worker.handle_group(&messages, &mut shutdown).await.is_err() {
-            break; // shutting down with messages unfinished: they stay uncommitted
-        }
-        for message in &messages {
-            match consumer.store_offset_from_message(message) {
-                Ok(()) => health.progressed(message.partition()),
-                Err(error) => tracing::warn!(%error, "could not store offset; the message may be redelivered"),
-            }
-        }
+    }
+    drop(lanes);
+    for task in lane_tasks {
+        let _ = task.await;
     }
     health.shutting_down();
     observer.abort();
@@ -89,10 +99,46 @@ pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shut
     Ok(())
 }
 
+/// One lane: groups what is waiting in it, applies, replies, and marks the offsets for commit.
+/// At shutdown it finishes the group in hand and leaves the rest uncommitted.
+async fn lane(
+    worker: Arc<Worker>,
+    consumer: Arc<WriterConsumer>,
+    health: Arc<Health>,
+    mut receiver: mpsc::Receiver<OwnedMessage>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            biased;
+            () = shutdown_asked(&mut shutdown) => return,
+            message = receiver.recv() => message,
+        };
+        let Some(first) = first else { return };
+        let mut messages = vec![first];
+        while messages.len() < MAX_GROUP {
+            match receiver.try_recv() {
+                Ok(message) => messages.push(message),
+                Err(_) => break,
+            }
+        }
+        if worker.handle_group(&messages, &mut shutdown).await.is_err() {
+            return; // shutting down with messages unfinished: they stay uncommitted
+        }
+        for message in &messages {
+            // librdkafka stores offset + 1: the next message to read.
+            match consumer.store_offset(message.topic(), message.partition(), message.offset()) {
+                Ok(()) => health.progressed(message.partition()),
+                Err(error) => tracing::warn!(%error, "could not store offset; the message may be redelivered"),
+            }
+        }
+    }
+}
+
 /// Commits the stored offsets and leaves the group, so that the partitions move at once; both
 /// wait for the broker, so they are bounded: past the timeout the writer exits anyway and the
 /// uncommitted messages are redelivered (and recognised) elsewhere.
-async fn leave_group(consumer: Arc<WriterConsumer>, worker: Worker, timeout: Duration) {
+async fn leave_group(consumer: Arc<WriterConsumer>, worker: Arc<Worker>, timeout: Duration) {
     let closing = tokio::task::spawn_blocking(move || {
         drop(worker); // flushes the producer (bounded by message.timeout.ms)
         if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
@@ -127,11 +173,11 @@ struct DeadLetter<'a> {
     reason: &'static str,
     error: String,
     attempts: u32,
-    message: &'a BorrowedMessage<'a>,
+    message: &'a OwnedMessage,
 }
 
 impl Worker {
-    async fn handle_group(&self, messages: &[BorrowedMessage<'_>], shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    async fn handle_group(&self, messages: &[OwnedMessage], shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
         let mut readable = Vec::with_capacity(messages.len());
         for message in messages {
             let payload = message.payload().unwrap_or_default();
@@ -174,7 +220,7 @@ impl Worker {
     /// other reason (then each message is tried on its own).
     async fn apply_together(
         &self,
-        group: &[(&BorrowedMessage<'_>, WriteRequestV1)],
+        group: &[(&OwnedMessage, WriteRequestV1)],
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Vec<(ChunkOutcome, bool)>>, Interrupted> {
         let requests: Vec<&WriteRequestV1> = group.iter().map(|(_, request)| request).collect();
@@ -191,7 +237,7 @@ impl Worker {
     async fn apply(
         &self,
         request: &WriteRequestV1,
-        message: &BorrowedMessage<'_>,
+        message: &OwnedMessage,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(ChunkOutcome, bool), Interrupted> {
         let applying = self.settings.policy.run("apply", &self.metrics, None, shutdown, || store::apply_chunk(&self.pool, request));
@@ -207,7 +253,7 @@ impl Worker {
     }
 
     /// Metrics and the log line of one answered message, with the request id the gateway gave it.
-    fn record(&self, message: &BorrowedMessage<'_>, request: &WriteRequestV1, outcome: &ChunkOutcome, first_time: bool) {
+    fn record(&self, message: &OwnedMessage, request: &WriteRequestV1, outcome: &ChunkOutcome, first_time: bool) {
         let label = match (outcome, first_time) {
             (ChunkOutcome::Failed, _) => "failed",
             (ChunkOutcome::Applied { .. }, true) => "applied",
@@ -243,7 +289,10 @@ impl Worker {
         }
         for ((request, outcome), delivery) in replies.into_iter().zip(deliveries) {
             let delivered = match delivery {
-                Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                Some(delivery) => tokio::select! {
+                    delivered = delivery => matches!(delivered, Ok(Ok(_))),
+                    () = shutdown_asked(shutdown) => return Err(Interrupted),
+                },
                 None => false,
             };
             if !delivered {
@@ -329,7 +378,7 @@ impl Worker {
 }
 
 /// The gateway's request id, carried in the `request_id` header.
-fn request_id<'a>(message: &'a BorrowedMessage<'_>) -> Option<&'a str> {
+fn request_id(message: &OwnedMessage) -> Option<&str> {
     let headers = message.headers()?;
     headers.iter().find(|h| h.key == "request_id").and_then(|h| h.value).and_then(|v| std::str::from_utf8(v).ok())
 }

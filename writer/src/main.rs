@@ -61,6 +61,11 @@ enum Command {
         /// ready, not healthy (an orchestrator restarts it), intake_writer_stalled = 1.
         #[arg(long, env = "INTAKE_WRITER_STALL_TIMEOUT_MS", default_value_t = 60_000)]
         stall_timeout_ms: u64,
+        /// Groups of messages applied at once, each on its own database connection and its own
+        /// partitions (a partition's messages stay in order). More lanes than the requests
+        /// topic's partitions, or than the pool's connections less two, add nothing.
+        #[arg(long, env = "INTAKE_WRITER_APPLY_LANES", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        apply_lanes: u16,
         /// At SIGTERM, how long the final offset commit and leaving the group may wait for Kafka.
         #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
         shutdown_timeout_ms: u64,
@@ -241,7 +246,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             sqlx::migrate!("../migrations").run(&pool).await?;
             Ok(json!({ "migrated": true }))
         }
-        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours, ops_listen, stall_timeout_ms, shutdown_timeout_ms } => {
+        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours, ops_listen, stall_timeout_ms, apply_lanes, shutdown_timeout_ms } => {
             // Lazy: a writer started while PostgreSQL is down waits for it (the retry policy).
             let pool = store::connect_lazy(&database.url, database.pool_size)?;
             let metrics = Arc::new(metrics::Metrics::new());
@@ -260,6 +265,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 group_id,
                 remember_applied: Duration::from_secs(remember_applied_hours * 3600),
                 policy: retry::Policy { max_attempts, first_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(5) },
+                lanes: usize::from(apply_lanes),
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
             consume::run(pool, settings, health, shutdown).await?;

@@ -94,7 +94,9 @@ pub struct Policy {
 impl Policy {
     /// Runs `operation` until it succeeds, retrying outages with backoff (until `until`, if
     /// given: e.g. a reply nobody waits for after its deadline) and permanent failures up to
-    /// `max_attempts` times in all.
+    /// `max_attempts` times in all. Shutdown interrupts an attempt too: a send to brokers that
+    /// are away waits out the producer's timeouts, longer than a bounded shutdown allows, and
+    /// what is interrupted stays uncommitted for the writer that takes the partition over.
     pub async fn run<T, E, F, Fut>(
         &self,
         what: &'static str,
@@ -112,7 +114,11 @@ impl Policy {
         let mut backoff = self.first_backoff;
         loop {
             attempts += 1;
-            let error = match operation().await {
+            let outcome = tokio::select! {
+                outcome = operation() => outcome,
+                () = shutdown_asked(shutdown) => return Err(Stop::Interrupted),
+            };
+            let error = match outcome {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
@@ -142,13 +148,17 @@ impl Policy {
 pub struct Interrupted;
 
 pub async fn pause(duration: Duration, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-    if *shutdown.borrow() {
-        return Err(Interrupted);
-    }
     tokio::select! {
-        _ = tokio::time::sleep(duration) => Ok(()),
-        _ = shutdown.changed() => Err(Interrupted),
+        () = shutdown_asked(shutdown) => Err(Interrupted),
+        () = tokio::time::sleep(duration) => Ok(()),
     }
+}
+
+/// Resolves once shutdown is asked, at once if it already was (unlike `changed`, which misses
+/// a change another wait has already seen).
+pub async fn shutdown_asked(shutdown: &mut watch::Receiver<bool>) {
+    // An error means the sender is gone, which happens only as the process ends.
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 #[cfg(test)]
