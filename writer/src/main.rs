@@ -23,6 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// See the workspace Cargo.toml: the allocator showed in the profile.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "intake-writer", version, about)]
 struct Cli {

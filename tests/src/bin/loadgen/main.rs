@@ -51,7 +51,8 @@ pub struct Config {
     reject_clients: usize,
     /// INTAKE_BENCH_RATE: requests a second of single_200rps.
     rate: f64,
-    /// INTAKE_BENCH_DIRECT_CONCURRENCY: batches direct_apply applies at a time;
+    /// INTAKE_BENCH_DIRECT_CONCURRENCY: batches direct_apply applies at a time; by default a
+    /// writer's apply lanes, so that the baseline has the parallelism the writer has;
     /// INTAKE_BENCH_DIRECT_BATCHES: distinct batches it goes round (fresh ids each round).
     direct_concurrency: usize,
     direct_batches: usize,
@@ -81,7 +82,7 @@ impl Config {
             single_clients: setting("INTAKE_BENCH_SINGLE_CLIENTS", 32),
             reject_clients: setting("INTAKE_BENCH_REJECT_CLIENTS", 16),
             rate: setting("INTAKE_BENCH_RATE", 200.0),
-            direct_concurrency: setting("INTAKE_BENCH_DIRECT_CONCURRENCY", 1),
+            direct_concurrency: setting("INTAKE_BENCH_DIRECT_CONCURRENCY", report::writer_lanes()),
             direct_batches: setting("INTAKE_BENCH_DIRECT_BATCHES", 100),
             pg_clients: setting("INTAKE_BENCH_PG_CLIENTS", 2),
             profile_seconds: setting("INTAKE_BENCH_PROFILE_SECONDS", 10),

@@ -76,14 +76,14 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
         .unwrap_or_default();
     ours.sort_by(|a, b| b.1.total_cmp(&a.1));
     let list = ours.iter().map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join(", ");
-    let writer_busy = scenario.writer.as_ref().map(|w| field(w, "apply_busy_fraction_per_writer"));
+    let lanes_busy = scenario.writer.as_ref().map(|w| field(w, "apply_lanes_busy_per_writer"));
     let top = ours.first().map(|(k, _)| k.as_str()).unwrap_or("?");
     let mut text = if busy >= 0.9 * cores_total {
         format!("CPU-bound: {busy:.2} of {cores_total} cores busy; of this run's processes {top} uses the most ({list})")
-    } else if writer_busy.is_some_and(|b| b >= 0.8) {
-        format!("bound by the writer's serial apply loop (one group at a time, waiting on PostgreSQL); cores busy {busy:.2} of {cores_total} ({list})")
+    } else if lanes_busy.is_some_and(|b| b >= 0.8 * writer_lanes() as f64) {
+        format!("bound by the writer's apply lanes (each applies one group at a time, waiting on PostgreSQL); cores busy {busy:.2} of {cores_total} ({list})")
     } else {
-        format!("neither the CPU ({busy:.2} of {cores_total} cores busy: {list}) nor the writer's apply loop is saturated: bound by waiting (round trips between the stages)")
+        format!("neither the CPU ({busy:.2} of {cores_total} cores busy: {list}) nor the writer's apply lanes are saturated: bound by waiting (round trips between the stages)")
     };
     if let Some(writer) = &scenario.writer {
         let _ = write!(text, "; {}", stages_text(writer));
@@ -245,14 +245,14 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
 
     if !run.scale.is_empty() {
         let _ = writeln!(md, "## Scale: batch_ingest with 1 and 2 gateways and writers\n");
-        let _ = writeln!(md, "| gateways | writers | items/s | p50 ms | p99 ms | errors | machine busy | writer loop busy |\n|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "| gateways | writers | items/s | p50 ms | p99 ms | errors | machine busy | writer lanes busy |\n|---|---|---|---|---|---|---|---|");
         for row in &run.scale {
             let b = &row["batch_ingest"];
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row["gateways"], row["writers"], b["items_per_s"], b["p50_ms"], b["p99_ms"], b["errors"], row["cores"]["machine busy"],
-                row["writer_stage"]["apply_busy_fraction_per_writer"]
+                row["writer_stage"]["apply_lanes_busy_per_writer"]
             );
         }
         let _ = writeln!(md);
@@ -292,8 +292,9 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
 /// The stage timers of a scenario in words (the bucket bounds are powers of two from 1 ms).
 fn stages_text(w: &Value) -> String {
     format!(
-        "each writer's apply loop busy {:.0} % of the time ({} groups, {} messages and {} ms a group; apply p50 ≤ {} ms, p99 ≤ {} ms); inside the gateway a write took p50 ≤ {} ms, p99 ≤ {} ms",
-        field(w, "apply_busy_fraction_per_writer") * 100.0,
+        "each writer applied {:.2} groups at once on average, of {} lanes ({} groups, {} messages and {} ms a group; apply p50 ≤ {} ms, p99 ≤ {} ms); inside the gateway a write took p50 ≤ {} ms, p99 ≤ {} ms",
+        field(w, "apply_lanes_busy_per_writer"),
+        writer_lanes(),
         w["groups"], w["messages_per_group"], w["mean_apply_ms_per_group"],
         w["apply_p50_ms_at_most"], w["apply_p99_ms_at_most"],
         w["gateway_write_p50_ms_at_most"], w["gateway_write_p99_ms_at_most"],
@@ -315,4 +316,9 @@ fn short(function: &str) -> String {
     } else {
         name.to_owned()
     }
+}
+
+/// The writers' `--apply-lanes` (the load generator starts them with the environment it has).
+pub fn writer_lanes() -> usize {
+    std::env::var("INTAKE_WRITER_APPLY_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
 }

@@ -87,7 +87,8 @@ pub fn between(before: &Timers, after: &Timers, elapsed: Duration, writers: usiz
     let (seconds, groups, messages) = (after.apply_seconds - before.apply_seconds, after.groups - before.groups, after.messages - before.messages);
     let at_most = |b: &Buckets, a: &Buckets, q: f64| quantile_at_most_ms(b, a, q).map(round2);
     json!({
-        "apply_busy_fraction_per_writer": round2(seconds / elapsed.as_secs_f64() / writers.max(1) as f64),
+        // The mean number of groups being applied at once in a writer: at most its lanes.
+        "apply_lanes_busy_per_writer": round2(seconds / elapsed.as_secs_f64() / writers.max(1) as f64),
         "groups": groups,
         "messages": messages,
         "messages_per_group": round2(messages / groups.max(1.0)),
