@@ -240,7 +240,7 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metric
                 continue;
             }
         };
-        let reply = match serde_json::from_slice::<WriteReply>(message.payload().unwrap_or_default()) {
+        let reply = match WriteReply::from_slice(message.payload().unwrap_or_default()) {
             Ok(reply) => reply,
             Err(error) => {
                 tracing::warn!(%error, offset = message.offset(), "unreadable reply");

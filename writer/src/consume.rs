@@ -181,7 +181,7 @@ impl Worker {
         let mut readable = Vec::with_capacity(messages.len());
         for message in messages {
             let payload = message.payload().unwrap_or_default();
-            match serde_json::from_slice::<WriteRequest>(payload) {
+            match WriteRequest::from_slice(payload) {
                 Ok(WriteRequest::V1(request)) => readable.push((message, request)),
                 Err(error) => {
                     tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");

@@ -44,7 +44,7 @@ pub fn inspect(kafka_args: &KafkaArgs, limit: usize) -> anyhow::Result<Value> {
         if let Some(at) = message.timestamp().to_millis() {
             entry.insert("age_seconds".into(), json!((now_ms() - at) / 1000));
         }
-        match serde_json::from_slice::<WriteRequest>(message.payload().unwrap_or_default()) {
+        match WriteRequest::from_slice(message.payload().unwrap_or_default()) {
             Ok(WriteRequest::V1(request)) => {
                 entry.insert("workspace_id".into(), json!(request.workspace_id));
                 entry.insert("correlation_id".into(), json!(request.correlation_id));

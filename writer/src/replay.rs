@@ -53,7 +53,7 @@ pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start,
             };
             next = message.offset() + 1;
             messages += 1;
-            match serde_json::from_slice::<WriteRequest>(message.payload().unwrap_or_default()) {
+            match WriteRequest::from_slice(message.payload().unwrap_or_default()) {
                 Ok(WriteRequest::V1(mut request)) => {
                     if newer == Newer::Keep {
                         let before = request.items.len();

@@ -97,6 +97,6 @@ fn round_trip(items: Vec<Conversion>) {
         items,
     });
     let wire = serde_json::to_vec(&request).expect("serializes");
-    let back: WriteRequest = serde_json::from_slice(&wire).expect("reads back");
+    let back = WriteRequest::from_slice(&wire).expect("reads back");
     assert_eq!(back, request);
 }
