@@ -59,71 +59,110 @@ pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shut
     let worker = Arc::new(Worker { pool, producer, metrics: health.metrics.clone(), settings });
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, lanes = lane_count, "writer consuming");
 
+    // Shutdown stops the lanes taking new groups; the group in hand gets FINISH_GRACE to finish
+    // before its waits are cut short too (`abort`).
+    let (abort, aborted) = watch::channel(false);
     let mut lanes = Vec::with_capacity(lane_count);
     let mut lane_tasks = Vec::with_capacity(lane_count);
     for _ in 0..lane_count {
         // Room for one full group waiting while the lane applies another.
         let (sender, receiver) = mpsc::channel(MAX_GROUP);
         lanes.push(sender);
-        lane_tasks.push(tokio::spawn(lane(worker.clone(), consumer.clone(), health.clone(), receiver, shutdown.clone())));
+        let signals = LaneSignals { shutdown: shutdown.clone(), abort: aborted.clone() };
+        lane_tasks.push(tokio::spawn(lane(worker.clone(), consumer.clone(), health.clone(), receiver, signals)));
     }
+    let mut lane_lost = false;
     loop {
         let received = tokio::select! {
             () = shutdown_asked(&mut shutdown) => break,
-            message = consumer.recv() => message.map(|m| m.detach()),
+            message = consumer.recv() => message.map(|m| Received { generation: health.assignment_generation(), message: m.detach() }),
         };
-        let message = match received {
-            Ok(message) => message,
+        let received = match received {
+            Ok(received) => received,
             Err(error) => {
                 tracing::warn!(%error, "kafka consume error");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
-        let lane = &lanes[usize::try_from(message.partition()).unwrap_or(0) % lane_count];
+        let lane = &lanes[usize::try_from(received.message.partition()).unwrap_or(0) % lane_count];
         // A full lane holds the reading back (backpressure), shutdown excepted.
         tokio::select! {
             () = shutdown_asked(&mut shutdown) => break,
-            sent = lane.send(message) => if sent.is_err() { break },
+            sent = lane.send(received) => if sent.is_err() { lane_lost = true; break },
         }
     }
     drop(lanes);
+    tokio::spawn(async move {
+        tokio::time::sleep(FINISH_GRACE).await;
+        let _ = abort.send(true);
+    });
     for task in lane_tasks {
-        let _ = task.await;
+        if let Err(error) = task.await {
+            tracing::error!(%error, "an apply lane failed");
+            lane_lost = true;
+        }
     }
     health.shutting_down();
     observer.abort();
     let timeout = worker.settings.shutdown_timeout;
     leave_group(consumer, worker, timeout).await;
+    // A lane that died is a failure, not a shutdown: exit non-zero so that it is restarted.
+    anyhow::ensure!(!lane_lost, "an apply lane stopped; the writer stopped with it");
     tracing::info!("writer stopped");
     Ok(())
 }
 
+/// How long the groups in hand get to finish at shutdown (applying and answering take
+/// milliseconds when PostgreSQL and Kafka are up) before their waits are cut short: with the
+/// brokers away a reply would wait out the producer's timeouts, longer than a bounded shutdown.
+/// What is cut short stays uncommitted for the writer that takes the partition over.
+const FINISH_GRACE: Duration = Duration::from_secs(2);
+
+/// A message with the assignment generation it was read in (see `Health`).
+struct Received {
+    generation: u64,
+    message: OwnedMessage,
+}
+
+struct LaneSignals {
+    /// Take no new group.
+    shutdown: watch::Receiver<bool>,
+    /// Stop waiting in the group in hand.
+    abort: watch::Receiver<bool>,
+}
+
 /// One lane: groups what is waiting in it, applies, replies, and marks the offsets for commit.
-/// At shutdown it finishes the group in hand and leaves the rest uncommitted.
-async fn lane(
-    worker: Arc<Worker>,
-    consumer: Arc<WriterConsumer>,
-    health: Arc<Health>,
-    mut receiver: mpsc::Receiver<OwnedMessage>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+/// At shutdown it finishes the group in hand and leaves the rest uncommitted. Messages read
+/// before a rebalance are dropped unapplied: the partition's owner reads them again from the
+/// committed offset.
+async fn lane(worker: Arc<Worker>, consumer: Arc<WriterConsumer>, health: Arc<Health>, mut receiver: mpsc::Receiver<Received>, signals: LaneSignals) {
+    let LaneSignals { mut shutdown, mut abort } = signals;
     loop {
         let first = tokio::select! {
             biased;
             () = shutdown_asked(&mut shutdown) => return,
-            message = receiver.recv() => message,
+            received = receiver.recv() => received,
         };
         let Some(first) = first else { return };
-        let mut messages = vec![first];
-        while messages.len() < MAX_GROUP {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
             match receiver.try_recv() {
-                Ok(message) => messages.push(message),
+                Ok(received) => group.push(received),
                 Err(_) => break,
             }
         }
-        if worker.handle_group(&messages, &mut shutdown).await.is_err() {
+        let generation = health.assignment_generation();
+        let messages: Vec<OwnedMessage> = group.into_iter().filter(|r| r.generation == generation).map(|r| r.message).collect();
+        if messages.is_empty() {
+            continue;
+        }
+        if worker.handle_group(&messages, &mut abort).await.is_err() {
             return; // shutting down with messages unfinished: they stay uncommitted
+        }
+        if health.assignment_generation() != generation {
+            tracing::info!(messages = messages.len(), "a rebalance came while applying; offsets left to the partitions' owners");
+            continue;
         }
         for message in &messages {
             // librdkafka stores offset + 1: the next message to read.

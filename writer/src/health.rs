@@ -6,7 +6,7 @@ use crate::metrics::{self, Metrics};
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, Statistics};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,10 @@ pub struct Health {
     joined: AtomicBool,
     shutting_down: AtomicBool,
     partitions: Mutex<HashMap<i32, PartitionState>>,
+    /// Bumped at every rebalance. A message read before one may belong to a partition this
+    /// writer no longer holds, or holds again from a newer committed offset: its lane neither
+    /// applies it nor stores its offset (which could move the group's offset back).
+    assignment_generation: AtomicU64,
 }
 
 struct PartitionState {
@@ -42,7 +46,12 @@ impl Health {
             joined: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             partitions: Mutex::default(),
+            assignment_generation: AtomicU64::new(0),
         })
+    }
+
+    pub fn assignment_generation(&self) -> u64 {
+        self.assignment_generation.load(Ordering::SeqCst)
     }
 
     pub fn ready(&self) -> Result<(), NotReady> {
@@ -130,7 +139,13 @@ impl ClientContext for WriterContext {
 }
 
 impl ConsumerContext for WriterContext {
+    // Before and after: a lane that checks while the assignment changes sees a new generation.
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
+        self.0.assignment_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.0.assignment_generation.fetch_add(1, Ordering::SeqCst);
         match rebalance {
             Rebalance::Assign(list) => {
                 let partitions: Vec<i32> = list.elements().iter().map(|e| e.partition()).collect();
