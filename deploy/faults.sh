@@ -24,12 +24,24 @@ if [ "${1:-}" = --short ]; then
 fi
 
 cleanup() {
+    local status=$?
     set +e
     iptables -D OUTPUT -o lo -p tcp -m owner --uid-owner "$PARTITION_USER" --dport "$KAFKA_BASE:$((KAFKA_BASE + 12))" -j DROP 2>/dev/null
     for pid in "$SCRATCH"/kafka/run/*.pid; do [ -f "$pid" ] && kill -KILL "$(cat "$pid")" 2>/dev/null; done
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
     as_postgres "$(pg_bin pg_ctl)" -D "$SCRATCH/pg" -m immediate stop >/dev/null 2>&1
-    [ -n "${FAULTS_KEEP:-}" ] || rm -rf "$SCRATCH"
+    if [ "$status" != 0 ]; then
+        # A failed scenario keeps its evidence, and shows the services' last warnings where the
+        # run's output is read (CI). The logs hold hashes and ids, never a raw identifier.
+        say "a scenario failed (exit $status): the logs stay in $SCRATCH"
+        for log in "$SCRATCH"/*.log; do
+            [ -f "$log" ] || continue
+            echo "--- $(basename "$log"): last warnings and errors" >&2
+            grep -E ' (WARN|ERROR) ' "$log" | grep -v 'librdkafka' | tail -n 12 | cut -c1-300 >&2
+        done
+    elif [ -z "${FAULTS_KEEP:-}" ]; then
+        rm -rf "$SCRATCH"
+    fi
 }
 trap cleanup EXIT
 
