@@ -12,10 +12,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
 chmod 755 "$SCRATCH"
-# Everything of the harness's own lives in the scratch folder, on ports of its own.
-export INTAKE_HOME="$SCRATCH" INTAKE_PG_PORT="${FAULTS_PG_PORT:-35432}" INTAKE_REDIS_PORT="${FAULTS_REDIS_PORT:-36379}"
+# Everything of the harness's own lives in the scratch folder, on ports of its own: below the
+# kernel's ephemeral range (32768-60999), so that while PostgreSQL, Redis or a broker is down
+# for a scenario no outgoing connection's local port can take its port (tests/src/lib.rs).
+export INTAKE_HOME="$SCRATCH" INTAKE_PG_PORT="${FAULTS_PG_PORT:-29432}" INTAKE_REDIS_PORT="${FAULTS_REDIS_PORT:-29379}"
 source "$HERE/lib.sh"
-KAFKA_BASE="${FAULTS_KAFKA_BASE_PORT:-35092}"
+KAFKA_BASE="${FAULTS_KAFKA_BASE_PORT:-29092}"
 PARTITION_USER=intake-faults
 
 args=("$@")

@@ -31,8 +31,22 @@ pub fn intake_send() -> Command {
     command
 }
 
+/// Ports the tests listen on are chosen below Linux's ephemeral range (32768-60999), so that the
+/// local port of some outgoing connection never takes a listener's port while the listener is
+/// down (a killed gateway restarted on its port, PostgreSQL or a broker started again): that
+/// made the fault tests fail about one run in ten. 20000-28999 for `free_port`, 29000-29999 for
+/// the fault harness's fixed ports (deploy/faults.sh), 30000-32767 for `KafkaCluster`.
+pub const FREE_PORTS: std::ops::Range<u16> = 20_000..29_000;
+
+/// A port that nothing listens on now, from [`FREE_PORTS`], tried from a random place so that
+/// concurrent tests rarely try the same one.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    let span = FREE_PORTS.end - FREE_PORTS.start;
+    let first = (ulid::Ulid::new().random() % u128::from(span)) as u16;
+    (0..span)
+        .map(|i| FREE_PORTS.start + (first + i) % span)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .unwrap_or_else(|| panic!("no free port in {FREE_PORTS:?}"))
 }
 
 /// Options of a stack; the defaults are the production defaults.
@@ -558,11 +572,13 @@ pub struct KafkaCluster {
 impl KafkaCluster {
     pub fn start() -> KafkaCluster {
         let dir = std::env::temp_dir().join(format!("intake-kafka-{}", ulid::Ulid::new()));
-        // From a random place in the range: two test processes starting clusters at the same
-        // moment (a developer's run beside CI's) would otherwise both pick the first free one.
-        let first = (ulid::Ulid::new().random() % 200) as u16;
-        let base_port = (0..200)
-            .map(|i| 31_000 + ((first + i) % 200) * 20)
+        // 30000-32767, below the ephemeral range (see FREE_PORTS), 20 ports a cluster. From a
+        // random place: two test processes starting clusters at the same moment (a
+        // developer's run beside CI's) would otherwise both pick the first free one.
+        const SLOTS: u16 = 138;
+        let first = (ulid::Ulid::new().random() % u128::from(SLOTS)) as u16;
+        let base_port = (0..SLOTS)
+            .map(|i| 30_000 + ((first + i) % SLOTS) * 20)
             .find(|base| (0..13).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()))
             .unwrap_or_else(|| panic!("no free ports for a Kafka cluster"));
         let mut cluster = KafkaCluster { dir, base_port, bootstrap: String::new() };

@@ -9,6 +9,7 @@
 //! INTAKE_REDIS_URL, FAULTS_DIR (scratch), FAULTS_PG_DATA, FAULTS_REDIS_PORT, FAULTS_KAFKA_DIR,
 //! FAULTS_KAFKA_BASE_PORT, FAULTS_LIB (deploy/lib.sh), FAULTS_PARTITION_USER (optional).
 
+use intake_tests::free_port;
 use intake_tests::serde_json::{json, Value};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -26,10 +27,6 @@ const BATCH: usize = 20;
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run deploy/faults.sh"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
 fn shell(script: &str) -> bool {
