@@ -102,7 +102,7 @@ impl PrivatePostgres {
     }
 
     fn start_new() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+        let port = intake_tests::free_port();
         let data = std::env::temp_dir().join(format!("intake-pg-{}", ulid::Ulid::new()));
         std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
         let _ = Command::new("chown").args(["postgres:postgres", &data.display().to_string()]).status();

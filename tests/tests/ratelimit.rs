@@ -119,7 +119,7 @@ fn start_redis(port: u16) -> Redis {
 
 #[tokio::test]
 async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+    let port = intake_tests::free_port();
     let redis = start_redis(port);
     let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 5, ..Default::default() }).await;
     let key = stack.workspace();
@@ -157,7 +157,7 @@ async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
 
 #[tokio::test]
 async fn redis_back_after_an_outage_counts_again() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+    let port = intake_tests::free_port();
     let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 3, ..Default::default() }).await;
     let key = stack.workspace();
     start_of_a_window(20).await;
