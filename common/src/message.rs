@@ -154,7 +154,7 @@ mod tests {
             "contact_id": "c", "email": "a@b.co", "phone": "+14155552671", "country": "US",
             "address": {"line1": "1 Main St", "zip": "94105"}, "value": 12.5, "currency": "USD", "hdyhau": "h",
             "tags": {"plan": "pro"}});
-        let conversion = validate_conversion(&input, 1_780_000_000_000).map(|v| v.conversion);
+        let conversion = validate_conversion(&(&input).into(), 1_780_000_000_000).map(|v| v.conversion);
         let Ok(conversion) = conversion else { panic!("{conversion:?}") };
         let request = WriteRequest::V1(WriteRequestV1 {
             correlation_id: "c".into(),

@@ -1,7 +1,7 @@
 //! Raw JSON to a [`ValidConversion`], or the complete list of problems (SPEC 2.1 and 2.2,
 //! DESIGN section 5). Every bad field is reported at once; no message contains a sent value.
 //!
-//! The walk over `serde_json::Value` is written by hand rather than with
+//! The walk over the body's [`Json`] is written by hand rather than with
 //! `#[serde(deny_unknown_fields)]` because serde stops at the first error, and the contract
 //! wants every bad field listed together.
 
@@ -10,7 +10,6 @@ use crate::error::FieldError;
 use crate::normalize::{self, has_control_chars, pattern};
 use details::{Problems, ResponseBudget};
 use regex::Regex;
-use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::sync::LazyLock;
@@ -18,6 +17,7 @@ use time::format_description::well_known::{Iso8601, Rfc3339};
 use time::OffsetDateTime;
 
 pub use details::{MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE};
+pub use json::{Json, Object};
 
 /// Why a conversion was refused. Out-of-range `occurred_at` is its own code, reported only
 /// when every other field is valid. `Fields` is capped (see [`details`]).
@@ -62,7 +62,7 @@ static TAG_KEY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z_]{1,24}$"));
 static EPOCH_MS_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{13}$"));
 
 /// Validates one conversion input. `now_ms` is the server clock, for the future tolerance.
-pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Invalid> {
+pub fn validate_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Invalid> {
     check_conversion(input, now_ms).map_err(|refused| match refused {
         Refused::Fields(problems) => Invalid::Fields(problems.into_details(MAX_DETAILS_PER_ITEM)),
         Refused::OccurredAtOutOfRange => Invalid::OccurredAtOutOfRange,
@@ -72,7 +72,7 @@ pub fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion
 /// Validates a batch: the envelope `{conversions: [...]}` (its problems are the `Err`), then
 /// each item in order. An item that is not an object is an item error. The details of all
 /// refused items together stay within [`MAX_DETAILS_PER_RESPONSE`].
-pub fn validate_batch(input: &Value, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
+pub fn validate_batch(input: &Json, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
     let items = batch_items(input).map_err(|problems| problems.into_details(MAX_DETAILS_PER_ITEM))?;
     let checked: Vec<Result<ValidConversion, Refused>> = items.iter().map(|item| check_conversion(item, now_ms)).collect();
     let refused = checked.iter().filter(|item| matches!(item, Err(Refused::Fields(_)))).count();
@@ -88,7 +88,7 @@ pub fn validate_batch(input: &Value, now_ms: i64) -> Result<BatchItems, Vec<Fiel
         .collect())
 }
 
-fn check_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Refused> {
+fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refused> {
     let Some(object) = input.as_object() else {
         let mut problems = Problems::default();
         problems.add("", "must be a JSON object");
@@ -173,7 +173,7 @@ fn check_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Refus
 }
 
 /// The items of a valid batch envelope `{conversions: [...]}`, or its problems.
-fn batch_items(input: &Value) -> Result<&Vec<Value>, Problems> {
+fn batch_items<'a>(input: &'a Json<'a>) -> Result<&'a Vec<Json<'a>>, Problems> {
     let mut check = Checker::default();
     let Some(object) = input.as_object() else {
         check.error("", "must be a JSON object");
@@ -181,15 +181,15 @@ fn batch_items(input: &Value) -> Result<&Vec<Value>, Problems> {
     };
     check.unknown_fields(object, &["conversions"], "");
     let items = match object.get("conversions") {
-        None | Some(Value::Null) => {
+        None | Some(Json::Null) => {
             check.error("conversions", "is required");
             None
         }
-        Some(Value::Array(items)) if items.is_empty() || items.len() > MAX_BATCH_ITEMS => {
+        Some(Json::Array(items)) if items.is_empty() || items.len() > MAX_BATCH_ITEMS => {
             check.error("conversions", "must have 1 to 500 items");
             None
         }
-        Some(Value::Array(items)) => Some(items),
+        Some(Json::Array(items)) => Some(items),
         Some(_) => {
             check.error("conversions", "must be an array");
             None
@@ -202,10 +202,10 @@ fn batch_items(input: &Value) -> Result<&Vec<Value>, Problems> {
 }
 
 /// A field's value, or `None` when it was not sent: absent, `null` or `""`.
-fn sent<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+fn sent<'a>(object: &'a Object<'a>, name: &str) -> Option<&'a Json<'a>> {
     match object.get(name) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) if text.is_empty() => None,
+        None | Some(Json::Null) => None,
+        Some(Json::String(text)) if text.is_empty() => None,
         Some(value) => Some(value),
     }
 }
@@ -226,13 +226,16 @@ impl Checker {
         self.problems.add(path, message);
     }
 
-    fn unknown_fields(&mut self, object: &Map<String, Value>, known: &[&str], prefix: &str) {
-        for name in object.keys().filter(|name| !known.contains(&name.as_str())) {
+    fn unknown_fields(&mut self, object: &Object, known: &[&str], prefix: &str) {
+        let mut unknown: Vec<&str> = object.names().filter(|name| !known.contains(name)).collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        for name in unknown {
             self.error(format_args!("{prefix}{name}"), "is not a known field");
         }
     }
 
-    fn required<'a>(&mut self, object: &'a Map<String, Value>, name: &str, path: &str) -> Option<&'a Value> {
+    fn required<'a>(&mut self, object: &'a Object<'a>, name: &str, path: &str) -> Option<&'a Json<'a>> {
         let value = sent(object, name);
         if value.is_none() {
             self.error(path, "is required");
@@ -240,7 +243,7 @@ impl Checker {
         value
     }
 
-    fn string<'a>(&mut self, value: &'a Value, path: &str) -> Option<&'a str> {
+    fn string<'a>(&mut self, value: &'a Json<'a>, path: &str) -> Option<&'a str> {
         let text = value.as_str();
         if text.is_none() {
             self.error(path, "must be a string");
@@ -248,7 +251,7 @@ impl Checker {
         text
     }
 
-    fn pattern<'a>(&mut self, value: &'a Value, path: &str, regex: &Regex) -> Option<&'a str> {
+    fn pattern<'a>(&mut self, value: &'a Json<'a>, path: &str, regex: &Regex) -> Option<&'a str> {
         let text = self.string(value, path)?;
         if regex.is_match(text) {
             Some(text)
@@ -258,7 +261,7 @@ impl Checker {
         }
     }
 
-    fn max_chars<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+    fn max_chars<'a>(&mut self, value: &'a Json<'a>, path: &str, max: usize) -> Option<&'a str> {
         let text = self.string(value, path)?;
         if text.chars().count() <= max {
             Some(text)
@@ -269,7 +272,7 @@ impl Checker {
     }
 
     /// 1 to `max` characters, no control characters.
-    fn text<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+    fn text<'a>(&mut self, value: &'a Json<'a>, path: &str, max: usize) -> Option<&'a str> {
         let text = self.string(value, path)?;
         let length = text.chars().count();
         if (1..=max).contains(&length) && !has_control_chars(text) {
@@ -280,10 +283,10 @@ impl Checker {
         }
     }
 
-    fn external_id(&mut self, value: &Value, path: &str) -> Option<ExternalId> {
+    fn external_id(&mut self, value: &Json, path: &str) -> Option<ExternalId> {
         match value {
-            Value::String(_) => self.text(value, path, 128).map(|text| ExternalId(text.to_owned())),
-            Value::Number(number) => match number.as_u64() {
+            Json::String(_) => self.text(value, path, 128).map(|text| ExternalId(text.to_owned())),
+            Json::Number(number) => match number.as_u64() {
                 Some(integer) if integer <= MAX_INTEGER_ID => Some(ExternalId(integer.to_string())),
                 _ => {
                     self.error(path, "must be an integer from 0 to 9007199254740991");
@@ -298,15 +301,15 @@ impl Checker {
     }
 
     /// Epoch milliseconds of a well-formed `occurred_at`; its range is checked by the caller.
-    fn occurred_at(&mut self, value: &Value) -> Option<i64> {
+    fn occurred_at(&mut self, value: &Json) -> Option<i64> {
         const PATH: &str = "occurred_at";
         let millis = match value {
-            Value::Number(number) => number
+            Json::Number(number) => number
                 .as_u64()
                 .filter(|ms| (MIN_EPOCH_MS..=MAX_EPOCH_MS).contains(ms))
                 .and_then(|ms| i64::try_from(ms).ok()),
-            Value::String(text) if EPOCH_MS_TEXT.is_match(text) => text.parse::<i64>().ok(),
-            Value::String(text) => parse_date_time(text),
+            Json::String(text) if EPOCH_MS_TEXT.is_match(text) => text.parse::<i64>().ok(),
+            Json::String(text) => parse_date_time(text),
             _ => None,
         };
         if millis.is_none() {
@@ -319,11 +322,11 @@ impl Checker {
     }
 
     /// An exact decimal: a JSON number is read from its own text, never through `f64`.
-    fn value(&mut self, value: &Value) -> Option<Decimal> {
+    fn value(&mut self, value: &Json) -> Option<Decimal> {
         const PATH: &str = "value";
         let canonical = match value {
-            Value::Number(number) => decimal::json_number_value(number.as_str()),
-            Value::String(text) if VALUE_TEXT.is_match(text) => Some(decimal::numeric_string_value(text)),
+            Json::Number(number) => decimal::json_number_value(number.as_str()),
+            Json::String(text) if VALUE_TEXT.is_match(text) => Some(decimal::numeric_string_value(text)),
             _ => None,
         };
         if canonical.is_none() {
@@ -335,7 +338,7 @@ impl Checker {
         canonical.map(Decimal)
     }
 
-    fn address<'a>(&mut self, value: &'a Value) -> Option<AddressInput<'a>> {
+    fn address<'a>(&mut self, value: &'a Json<'a>) -> Option<AddressInput<'a>> {
         let Some(object) = value.as_object() else {
             self.error("address", "must be an object");
             return None;
@@ -354,7 +357,7 @@ impl Checker {
     }
 
     /// 1 to `max` characters of any kind (address lines are hashed, never stored).
-    fn text_any<'a>(&mut self, value: &'a Value, path: &str, max: usize) -> Option<&'a str> {
+    fn text_any<'a>(&mut self, value: &'a Json<'a>, path: &str, max: usize) -> Option<&'a str> {
         let text = self.string(value, path)?;
         if (1..=max).contains(&text.chars().count()) {
             Some(text)
@@ -364,17 +367,18 @@ impl Checker {
         }
     }
 
-    fn tags(&mut self, value: &Value) -> Option<BTreeMap<String, String>> {
+    fn tags(&mut self, value: &Json) -> Option<BTreeMap<String, String>> {
         let Some(object) = value.as_object() else {
             self.error("tags", "must be an object");
             return None;
         };
         let problems_before = self.problems.count();
-        if object.len() > 5 {
+        let entries = object.entries();
+        if entries.len() > 5 {
             self.error("tags", "must have at most 5 entries");
         }
         let mut tags = BTreeMap::new();
-        for (key, value) in object {
+        for (key, value) in entries {
             let path = format_args!("tags.{key}");
             if !TAG_KEY.is_match(key) {
                 self.error(path, "key must match ^[a-z_]{1,24}$");
@@ -382,7 +386,7 @@ impl Checker {
             }
             match value.as_str() {
                 Some(text) if text.chars().count() <= 64 && !has_control_chars(text) => {
-                    tags.insert(key.clone(), text.to_owned());
+                    tags.insert(key.to_owned(), text.to_owned());
                 }
                 _ => self.error(path, "must be a string of at most 64 characters without control characters"),
             }
@@ -401,5 +405,6 @@ fn parse_date_time(text: &str) -> Option<i64> {
 
 mod decimal;
 mod details;
+mod json;
 #[cfg(test)]
 mod tests;

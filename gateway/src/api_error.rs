@@ -3,7 +3,7 @@
 use crate::response::{json, Response};
 use intake_common::error::{ErrorCode, FieldError};
 use intake_common::validate::Invalid;
-use serde_json::json;
+use serde::Serialize;
 
 /// The realm of the API keys' Bearer scheme (RFC 6750).
 const REALM: &str = "conversions";
@@ -38,15 +38,11 @@ impl ApiError {
         if let ApiError::Internal(reason) = &self {
             tracing::error!(request_id, %reason, "internal error");
         }
-        let mut error = json!({
-            "code": code.as_str(),
-            "message": code.default_message(),
-            "request_id": request_id,
-        });
-        if let ApiError::Validation(details) = &self {
-            error["details"] = json!(details);
+        #[derive(Serialize)]
+        struct Body<'a> {
+            error: ErrorBody<'a>,
         }
-        let mut response = json(code.status(), &json!({ "error": error }));
+        let mut response = json(code.status(), &Body { error: self.body(Some(request_id)) });
         let headers = response.headers_mut();
         let www_authenticate = match &self {
             ApiError::Code(ErrorCode::MissingApiKey) => Some(format!("Bearer realm=\"{REALM}\"")),
@@ -63,6 +59,29 @@ impl ApiError {
             headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from(retry_after_secs));
         }
         response
+    }
+}
+
+/// An error as the body says it: at the top of a response with the request's id, or in one item
+/// of a batch without.
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    code: &'static str,
+    message: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<&'a [FieldError]>,
+}
+
+impl ApiError {
+    pub fn body<'a>(&'a self, request_id: Option<&'a str>) -> ErrorBody<'a> {
+        let code = self.code();
+        let details = match self {
+            ApiError::Validation(details) => Some(details.as_slice()),
+            _ => None,
+        };
+        ErrorBody { code: code.as_str(), message: code.default_message(), request_id, details }
     }
 }
 

@@ -1,7 +1,7 @@
 //! POST /v1/conversions and POST /v1/conversions/batch: read, parse, validate and hash, count
 //! against the conversion limit, then write through Kafka and answer with the writer's results.
 
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, ErrorBody};
 use crate::app::{App, RequestContext};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
@@ -10,11 +10,11 @@ use crate::response::{json, Response};
 use crate::writes::WriteError;
 use hyper::body::Incoming;
 use intake_common::config::now_ms;
-use intake_common::conversion::{ValidConversion, Warning};
+use intake_common::conversion::{Conversion, ValidConversion, Warning};
 use intake_common::error::ErrorCode;
 use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
-use intake_common::validate::{validate_batch, validate_conversion, Invalid};
-use serde_json::{json, Value};
+use intake_common::validate::{validate_batch, validate_conversion, Json};
+use serde::Serialize;
 
 pub async fn single(
     app: &App,
@@ -23,14 +23,18 @@ pub async fn single(
     request: http::Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(app, context, request, SINGLE_LIMIT).await?;
+    let body = read_body(app, context, request, SINGLE_LIMIT).await?;
     context.items(1);
-    let valid = validate_conversion(&value, received_at_ms)?;
+    let valid = validate_conversion(&parse(&body)?, received_at_ms)?;
     app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
     let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms).await?;
     let result = results.into_iter().flatten().next().ok_or_else(|| ApiError::Internal("empty reply".into()))?;
     let status = if result.result == WriteResult::Created { 201 } else { 200 };
-    Ok(json(status, &json!({ "conversion": conversion_result(&result, &valid.warnings) })))
+    #[derive(Serialize)]
+    struct Single<'a> {
+        conversion: ConversionBody<'a>,
+    }
+    Ok(json(status, &Single { conversion: ConversionBody::new(&result, &valid.warnings) }))
 }
 
 pub async fn batch(
@@ -40,57 +44,85 @@ pub async fn batch(
     request: http::Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let value = read_json(app, context, request, BATCH_LIMIT).await?;
-    let validated: Vec<Result<ValidConversion, Invalid>> =
-        validate_batch(&value, received_at_ms).map_err(ApiError::Validation)?;
+    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
+    drop(body);
     context.items(validated.len());
     // Every item counts, valid or not (DESIGN section 4).
     app.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
-    let valid: Vec<(usize, &ValidConversion)> =
-        validated.iter().enumerate().filter_map(|(index, item)| item.as_ref().ok().map(|v| (index, v))).collect();
-    let chunks: Vec<Vec<_>> = valid
-        .chunks(MAX_CHUNK_ITEMS)
-        .map(|chunk| chunk.iter().map(|(_, item)| item.conversion.clone()).collect())
+    // The valid conversions move into the chunks; each item keeps its warnings or its error.
+    let mut valid = Vec::with_capacity(validated.len());
+    let items: Vec<Result<Vec<Warning>, ApiError>> = validated
+        .into_iter()
+        .map(|item| {
+            item.map(|ValidConversion { conversion, warnings }| {
+                valid.push(conversion);
+                warnings
+            })
+            .map_err(ApiError::from)
+        })
         .collect();
-    let mut written = write(app, principal, context, chunks, received_at_ms).await?.into_iter().flatten();
+    let written: Vec<ItemResult> =
+        write(app, principal, context, into_chunks(valid), received_at_ms).await?.into_iter().flatten().collect();
 
+    let mut written = written.iter();
+    let missing = ApiError::Internal("missing item result".into());
     let mut summary = Summary::default();
-    let results: Vec<Value> = validated
+    let results: Vec<ItemBody> = items
         .iter()
         .enumerate()
-        .map(|(index, item)| match item {
-            Ok(valid) => match written.next() {
-                Some(result) => {
-                    summary.count(result.result);
-                    json!({ "index": index, "ok": true, "conversion": conversion_result(&result, &valid.warnings) })
+        .map(|(index, item)| {
+            let written = match item {
+                Ok(warnings) => written.next().map(|result| ConversionBody::new(result, warnings)).ok_or(&missing),
+                Err(error) => Err(error),
+            };
+            match written {
+                Ok(conversion) => {
+                    summary.count(conversion.result);
+                    ItemBody::Written { index, ok: true, conversion }
                 }
-                None => {
+                Err(error) => {
                     summary.failed += 1;
-                    item_error(index, ApiError::Internal("missing item result".into()))
+                    ItemBody::Refused { index, ok: false, error: error.body(None) }
                 }
-            },
-            Err(invalid) => {
-                summary.failed += 1;
-                item_error(index, ApiError::from(invalid.clone()))
             }
         })
         .collect();
-    Ok(json(200, &json!({ "results": results, "summary": summary.to_json() })))
+    #[derive(Serialize)]
+    struct Batch<'a> {
+        results: Vec<ItemBody<'a>>,
+        summary: Summary,
+    }
+    Ok(json(200, &Batch { results, summary }))
 }
 
-async fn read_json(app: &App, context: &RequestContext, request: http::Request<Incoming>, limit: usize) -> Result<Value, ApiError> {
+async fn read_body(app: &App, context: &RequestContext, request: http::Request<Incoming>, limit: usize) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
     context.body_read();
-    serde_json::from_slice(&bytes).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
+    Ok(bytes)
+}
+
+fn parse(body: &[u8]) -> Result<Json<'_>, ApiError> {
+    Json::parse(body).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
+}
+
+/// Chunks of at most [`MAX_CHUNK_ITEMS`], in order, the conversions moved rather than copied.
+fn into_chunks(conversions: Vec<Conversion>) -> Vec<Vec<Conversion>> {
+    let mut chunks = Vec::with_capacity(conversions.len().div_ceil(MAX_CHUNK_ITEMS));
+    let mut rest = conversions.into_iter().peekable();
+    while rest.peek().is_some() {
+        chunks.push(rest.by_ref().take(MAX_CHUNK_ITEMS).collect());
+    }
+    chunks
 }
 
 async fn write(
     app: &App,
     principal: &Principal,
     context: &RequestContext,
-    chunks: Vec<Vec<intake_common::conversion::Conversion>>,
+    chunks: Vec<Vec<Conversion>>,
     received_at_ms: i64,
 ) -> Result<Vec<Vec<ItemResult>>, ApiError> {
     if chunks.is_empty() {
@@ -102,30 +134,40 @@ async fn write(
     })
 }
 
-fn conversion_result(result: &ItemResult, warnings: &[Warning]) -> Value {
-    let mut conversion = json!({
-        "id": result.id,
-        "event": result.event,
-        "external_id": result.external_id,
-        "chain_id": result.chain_id,
-        "result": result.result.as_str(),
-    });
-    if !warnings.is_empty() {
-        conversion["warnings"] = json!(warnings);
-    }
-    conversion
+/// A written conversion as the response shows it.
+#[derive(Serialize)]
+struct ConversionBody<'a> {
+    id: &'a str,
+    event: &'a str,
+    external_id: &'a str,
+    chain_id: &'a str,
+    result: WriteResult,
+    #[serde(skip_serializing_if = "<[Warning]>::is_empty")]
+    warnings: &'a [Warning],
 }
 
-fn item_error(index: usize, error: ApiError) -> Value {
-    let code = error.code();
-    let mut body = json!({ "code": code.as_str(), "message": code.default_message() });
-    if let ApiError::Validation(details) = error {
-        body["details"] = json!(details);
+impl<'a> ConversionBody<'a> {
+    fn new(result: &'a ItemResult, warnings: &'a [Warning]) -> Self {
+        ConversionBody {
+            id: &result.id,
+            event: &result.event,
+            external_id: &result.external_id,
+            chain_id: &result.chain_id,
+            result: result.result,
+            warnings,
+        }
     }
-    json!({ "index": index, "ok": false, "error": body })
 }
 
-#[derive(Default)]
+/// One item of a batch response.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ItemBody<'a> {
+    Written { index: usize, ok: bool, conversion: ConversionBody<'a> },
+    Refused { index: usize, ok: bool, error: ErrorBody<'a> },
+}
+
+#[derive(Default, Serialize)]
 struct Summary {
     created: u64,
     updated: u64,
@@ -140,9 +182,5 @@ impl Summary {
             WriteResult::Updated => self.updated += 1,
             WriteResult::Unchanged => self.unchanged += 1,
         }
-    }
-
-    fn to_json(&self) -> Value {
-        json!({ "created": self.created, "updated": self.updated, "unchanged": self.unchanged, "failed": self.failed })
     }
 }

@@ -799,7 +799,7 @@ pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Dur
 /// messages a gateway never sends: a missing reply partition, an unknown workspace).
 pub async fn produce_request(topic: &str, workspace_id: &str, reply_partition: i32, input: &Value) -> String {
     use intake_common::message::{WriteRequest, WriteRequestV1};
-    let conversion = intake_common::validate::validate_conversion(input, now_ms())
+    let conversion = intake_common::validate::validate_conversion(&input.into(), now_ms())
         .unwrap_or_else(|e| panic!("invalid test input: {e:?}"))
         .conversion;
     let correlation_id = format!("test-{}", ulid::Ulid::new());

@@ -103,7 +103,7 @@ mod tests {
     fn request(id: &str, items: &[Value]) -> WriteRequestV1 {
         let items = items
             .iter()
-            .map(|i| intake_common::validate::validate_conversion(i, intake_common::config::now_ms()).map(|v| v.conversion))
+            .map(|i| intake_common::validate::validate_conversion(&i.into(), intake_common::config::now_ms()).map(|v| v.conversion))
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_default();
         WriteRequestV1 { correlation_id: id.into(), reply_partition: 0, deadline_ms: 0, received_at_ms: 0, workspace_id: "ws".into(), items }

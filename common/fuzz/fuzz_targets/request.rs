@@ -9,13 +9,16 @@
 
 use intake_common::conversion::{Conversion, ValidConversion};
 use intake_common::message::{WriteRequest, WriteRequestV1, MAX_CHUNK_ITEMS};
-use intake_common::validate::{validate_batch, validate_conversion, Invalid, MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE};
+use intake_common::validate::{validate_batch, validate_conversion, Invalid, Json, MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE};
 use libfuzzer_sys::fuzz_target;
 
 const NOW_MS: i64 = 1_780_000_000_000;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
+    let parsed = Json::parse(data);
+    // The gateway's reader takes exactly what serde_json's `Value` takes.
+    assert_eq!(parsed.is_ok(), serde_json::from_slice::<serde_json::Value>(data).is_ok(), "parse disagrees");
+    let Ok(body) = parsed else {
         return;
     };
     match validate_conversion(&body, NOW_MS) {

@@ -1,8 +1,21 @@
 use super::*;
 use crate::normalize::sha256_hex;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const NOW_MS: i64 = 1_780_000_000_000; // 2026-05-28
+
+/// The gateway's path: the input as body text, read by [`Json::parse`].
+fn validate_conversion(input: &Value, now_ms: i64) -> Result<ValidConversion, Invalid> {
+    let body = input.to_string();
+    let json = Json::parse(body.as_bytes()).unwrap_or_else(|e| panic!("{e}: {body}"));
+    super::validate_conversion(&json, now_ms)
+}
+
+fn validate_batch(input: &Value, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
+    let body = input.to_string();
+    let json = Json::parse(body.as_bytes()).unwrap_or_else(|e| panic!("{e}: {body}"));
+    super::validate_batch(&json, now_ms)
+}
 
 fn base() -> Value {
     json!({"event": "Lead", "external_id": "crm-1", "occurred_at": "2026-01-02T03:04:05Z"})

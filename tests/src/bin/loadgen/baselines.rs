@@ -12,6 +12,7 @@ use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine::Roles;
 use crate::measure::{Measured, Recorder};
 use intake_common::message::{WriteRequestV1, MAX_CHUNK_ITEMS};
+use intake_common::validate::Json;
 use intake_tests::serde_json::{self, Value};
 use intake_tests::{Stack, TestKey};
 use std::path::Path;
@@ -24,8 +25,8 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
     let now = intake_tests::now_ms();
     let mut text = String::new();
     for b in 0..batches {
-        let body: Value = serde_json::from_slice(&generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS))?;
-        let items = intake_common::validate::validate_batch(&body, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let body = generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS);
+        let items = intake_common::validate::validate_batch(&Json::parse(&body)?, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let conversions = items
             .into_iter()
             .map(|item| item.map(|v| v.conversion))
