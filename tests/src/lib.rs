@@ -405,6 +405,13 @@ impl Drop for Stack {
             let _ = writer.wait();
         }
         self.delete_topics();
+        // A failed test keeps its logs and says where; a passed one leaves nothing, so that run
+        // after run does not fill /tmp (a benchmark's access logs are gigabytes).
+        if std::thread::panicking() {
+            eprintln!("the gateway and writer logs of this test: {}", self.log_dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.log_dir);
+        }
     }
 }
 
