@@ -273,7 +273,8 @@ mod tests {
 
     #[test]
     fn fails_where_value_fails() {
-        for body in ["", "{", "[1,]", "{\"a\" 1}", "1 2", "nul", "\"\\ud800\"x", &"[".repeat(200)] {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for body in ["", "{", "[1,]", "{\"a\" 1}", "1 2", "nul", "\"\\ud800\"x", &"[".repeat(200), &deep] {
             assert!(serde_json::from_str::<Value>(body).is_err(), "{body}");
             assert!(Json::parse(body.as_bytes()).is_err(), "{body}");
         }
