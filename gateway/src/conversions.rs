@@ -24,8 +24,9 @@ pub async fn single(
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let body = read_body(app, context, request, SINGLE_LIMIT).await?;
+    let input = parse(&body)?;
     context.items(1);
-    let valid = validate_conversion(&parse(&body)?, received_at_ms)?;
+    let valid = validate_conversion(&input, received_at_ms)?;
     app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
     let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms).await?;
     let result = results.into_iter().flatten().next().ok_or_else(|| ApiError::Internal("empty reply".into()))?;

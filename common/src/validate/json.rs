@@ -7,6 +7,11 @@
 //! serde stops at the first error, and the contract lists every bad field at once. What is read
 //! is what `Value` would hold: of a name sent twice the last value counts, and an object's
 //! names are visited in sorted order, so details come in the same order as before.
+//!
+//! One difference, on purpose: where serde_json is built with `raw_value` (sqlx turns it on in
+//! the gateway), `Value` reads an object whose first name is `$serde_json::private::RawValue` as
+//! the JSON text in its value, a second document inside the first with a depth limit of its
+//! own. Here it is an object like any other, so such a conversion has an unknown field.
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Number, Value};
@@ -33,7 +38,7 @@ pub struct Object<'a> {
 
 impl<'a> Json<'a> {
     /// Reads a body. Fails where `serde_json::from_slice::<Value>` fails (syntax, trailing
-    /// characters, nesting deeper than 128).
+    /// characters, nesting deeper than 128), but for the raw-value object above.
     pub fn parse(bytes: &'a [u8]) -> serde_json::Result<Self> {
         serde_json::from_slice(bytes)
     }

@@ -48,6 +48,12 @@ fn assert_field_rejects(field: &str, bad: &[Value]) {
 }
 
 #[test]
+fn serde_jsons_raw_value_name_is_an_unknown_field() {
+    let inner = r#"{"event": "Lead", "external_id": "e1", "occurred_at": 1780000000000}"#;
+    assert_eq!(paths(&json!({ "$serde_json::private::RawValue": inner })), ["$serde_json::private::RawValue", "event", "external_id", "occurred_at"]);
+}
+
+#[test]
 fn minimal_conversion_is_valid_and_normalized() {
     let valid = ok(&base());
     assert_eq!(valid.conversion.event.as_str(), "lead");
