@@ -6,7 +6,7 @@
 # direct_apply and pg_upsert baselines, a CPU profile, and batch_ingest with 1 and 2 gateways
 # and writers. Writes bench/report.json and bench/report.md (and bench/profile/).
 #
-#   deploy/bench.sh                 the full run (about 12 minutes)
+#   deploy/bench.sh                 the full run (about 7.5 minutes)
 #   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
 #   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
 #   deploy/bench.sh --no-scale --no-profile --micro
