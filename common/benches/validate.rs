@@ -37,9 +37,8 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
-    let minimal: Vec<_> = (0..1000)
-        .map(|i| json!({"event": "lead", "external_id": i, "occurred_at": 1_767_323_045_000_i64}))
-        .collect();
+    let minimal: Vec<_> =
+        (0..1000).map(|i| json!({"event": "lead", "external_id": i, "occurred_at": 1_767_323_045_000_i64})).collect();
     group.bench_function("minimal_item_x1000", |b| {
         b.iter(|| {
             for input in &minimal {
@@ -53,7 +52,9 @@ fn bench(c: &mut Criterion) {
     let mut steps = c.benchmark_group("normalize");
     steps.bench_function("phone_hash", |b| b.iter(|| normalize::phone_hash(black_box("(415) 555-2671"), Some("US"))));
     steps.bench_function("email_hash", |b| b.iter(|| normalize::email_hash(black_box(" Person.1@Example.com "))));
-    steps.bench_function("address_hash", |b| b.iter(|| normalize::address_hash(black_box("1 Main St., Apt 4"), "94105-1234", "US")));
+    steps.bench_function("address_hash", |b| {
+        b.iter(|| normalize::address_hash(black_box("1 Main St., Apt 4"), "94105-1234", "US"))
+    });
     steps.finish();
 }
 

@@ -65,4 +65,3 @@ pub fn init_logging(args: &LogArgs) {
         builder.with_ansi(false).init();
     }
 }
-

@@ -79,11 +79,17 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "The request body is over the size limit of this endpoint.",
             ErrorCode::UnsupportedMediaType => "Content-Encoding must be gzip or identity.",
             ErrorCode::ValidationFailed => "One or more fields are invalid; see details.",
-            ErrorCode::OccurredAtOutOfRange => "occurred_at is more than 5 minutes in the future, or before the year 2000.",
-            ErrorCode::RateLimited => "Too many requests or conversions in this minute; retry after Retry-After seconds.",
+            ErrorCode::OccurredAtOutOfRange => {
+                "occurred_at is more than 5 minutes in the future, or before the year 2000."
+            }
+            ErrorCode::RateLimited => {
+                "Too many requests or conversions in this minute; retry after Retry-After seconds."
+            }
             ErrorCode::InternalError => "Server fault. Retry; report the request_id to support if it persists.",
             ErrorCode::RequestTimeout => "The request body did not arrive in time; the connection is closed. Retry.",
-            ErrorCode::ServiceUnavailable => "The service is overloaded and did not read the request; retry after Retry-After seconds.",
+            ErrorCode::ServiceUnavailable => {
+                "The service is overloaded and did not read the request; retry after Retry-After seconds."
+            }
         }
     }
 }

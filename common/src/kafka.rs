@@ -157,7 +157,12 @@ mod tests {
     #[test]
     fn no_client_carries_a_broker_specific_poll_setting() {
         let a = args(&[]);
-        for config in [request_producer(&a, Duration::from_secs(1)), reply_reader(&a), writer_consumer(&a, "g"), writer_producer(&a)] {
+        for config in [
+            request_producer(&a, Duration::from_secs(1)),
+            reply_reader(&a),
+            writer_consumer(&a, "g"),
+            writer_producer(&a),
+        ] {
             assert_eq!(config.get("fetch.wait.max.ms"), None);
         }
     }

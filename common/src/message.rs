@@ -139,7 +139,8 @@ mod tests {
         let body = r#"{"correlation_id":"c","reply_partition":0,"deadline_ms":0,"received_at_ms":0,"workspace_id":"ws","items":[]}"#;
         let versioned = |v: &str| body.replacen('{', &format!(r#"{{"v":"{v}","#), 1);
         assert!(WriteRequest::from_slice(versioned("1").as_bytes()).is_ok());
-        let error = WriteRequest::from_slice(versioned("2").as_bytes()).err().map(|e| e.to_string()).unwrap_or_default();
+        let error =
+            WriteRequest::from_slice(versioned("2").as_bytes()).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("unknown variant `2`"), "{error}");
         assert!(WriteRequest::from_slice(body.as_bytes()).is_err(), "no version");
         assert!(WriteReply::from_slice(br#"{"v":"9","correlation_id":"c","outcome":{"status":"failed"}}"#).is_err());
@@ -166,7 +167,13 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&request).unwrap_or_default();
         assert_eq!(WriteRequest::from_slice(&bytes).ok(), Some(request));
-        let result = ItemResult { id: "i".into(), event: "e".into(), external_id: "x".into(), chain_id: "c".into(), result: WriteResult::Created };
+        let result = ItemResult {
+            id: "i".into(),
+            event: "e".into(),
+            external_id: "x".into(),
+            chain_id: "c".into(),
+            result: WriteResult::Created,
+        };
         for outcome in [ChunkOutcome::Applied { results: vec![result] }, ChunkOutcome::Failed] {
             let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome });
             let bytes = serde_json::to_vec(&reply).unwrap_or_default();

@@ -61,14 +61,27 @@ fn is_possible(number: &phonenumber::PhoneNumber, national_length: usize) -> boo
     use phonenumber::Type;
     // The general descriptor often lists no lengths in the crate's metadata: the possible
     // lengths are those of the number types.
-    const TYPES: [Type; 10] = [Type::Unknown, Type::FixedLine, Type::Mobile, Type::TollFree, Type::PremiumRate,
-        Type::SharedCost, Type::PersonalNumber, Type::Voip, Type::Pager, Type::Uan];
+    const TYPES: [Type; 10] = [
+        Type::Unknown,
+        Type::FixedLine,
+        Type::Mobile,
+        Type::TollFree,
+        Type::PremiumRate,
+        Type::SharedCost,
+        Type::PersonalNumber,
+        Type::Voip,
+        Type::Pager,
+        Type::Uan,
+    ];
     let Ok(length) = u16::try_from(national_length) else {
         return false;
     };
     phonenumber::metadata::DATABASE.by_code(&number.code().value()).is_some_and(|regions| {
         regions.iter().any(|region| {
-            TYPES.iter().filter_map(|kind| region.descriptors().get(*kind)).any(|d| d.possible_length().contains(&length))
+            TYPES
+                .iter()
+                .filter_map(|kind| region.descriptors().get(*kind))
+                .any(|d| d.possible_length().contains(&length))
         })
     })
 }
@@ -120,8 +133,7 @@ fn canonical_text(raw: &str) -> String {
 fn postal_code_plausible(zip: &str, country: &str) -> bool {
     static US: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{5}( ?[0-9]{4})?$"));
     static CA: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z][0-9][a-z] ?[0-9][a-z][0-9]$"));
-    static GB: LazyLock<Regex> =
-        LazyLock::new(|| pattern(r"^[a-z]{1,2}[0-9][a-z0-9]? ?[0-9][a-z]{2}$"));
+    static GB: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z]{1,2}[0-9][a-z0-9]? ?[0-9][a-z]{2}$"));
     static FIVE_DIGITS: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{5}$"));
     match country {
         "US" => US.is_match(zip),
@@ -150,10 +162,7 @@ mod tests {
 
     #[test]
     fn sha256_of_known_text() {
-        assert_eq!(
-            sha256_hex("abc").as_str(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sha256_hex("abc").as_str(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]
@@ -163,8 +172,18 @@ mod tests {
 
     #[test]
     fn implausible_emails_are_dropped() {
-        for bad in ["", "   ", "ann", "ann@", "@example.com", "ann@example", "a@b@c.com",
-            "ann smith@example.com", "ann@.com", "ann@example."] {
+        for bad in [
+            "",
+            "   ",
+            "ann",
+            "ann@",
+            "@example.com",
+            "ann@example",
+            "a@b@c.com",
+            "ann smith@example.com",
+            "ann@.com",
+            "ann@example.",
+        ] {
             assert_eq!(email_hash(bad), None, "{bad:?}");
         }
     }
@@ -224,7 +243,8 @@ mod tests {
     fn postal_patterns_take_ascii_digits_only() {
         // Arabic-Indic, Devanagari and full-width digits: `\d` would match them, and cutting a
         // ZIP+4 by bytes would then split a character (a panic).
-        for zip in ["٩٤١٠٥", "٩٤١٠٥-١٢٣٤", "९४१०५", "９４１０５", "９４１０５-１２３４"] {
+        for zip in ["٩٤١٠٥", "٩٤١٠٥-١٢٣٤", "९४१०५", "９４１０５", "９４１０５-１２３４"]
+        {
             for country in ["US", "DE", "FR"] {
                 assert_eq!(address_hash("1 Main St", zip, country), None, "{zip} {country}");
             }
@@ -238,9 +258,18 @@ mod tests {
 
     #[test]
     fn e164_is_what_the_crate_formats() {
-        for (raw, region) in [("+39 06 1234 5678", None), ("+39 333 123 4567", None), ("(415) 555-2671", Some("US")),
-            ("030 123456", Some("DE")), ("+44 20 7946 0958", None), ("+81 3-1234-5678", None), ("+55 11 91234-5678", None),
-            ("+225 07 1234 5678", None), ("+1 242 357 1234", None), ("0612345678", Some("FR"))] {
+        for (raw, region) in [
+            ("+39 06 1234 5678", None),
+            ("+39 333 123 4567", None),
+            ("(415) 555-2671", Some("US")),
+            ("030 123456", Some("DE")),
+            ("+44 20 7946 0958", None),
+            ("+81 3-1234-5678", None),
+            ("+55 11 91234-5678", None),
+            ("+225 07 1234 5678", None),
+            ("+1 242 357 1234", None),
+            ("0612345678", Some("FR")),
+        ] {
             let id = region.and_then(|code: &str| code.parse::<phonenumber::country::Id>().ok());
             let Ok(number) = phonenumber::parse(id, raw) else { panic!("{raw} parses") };
             let formatted = number.format().mode(phonenumber::Mode::E164).to_string();

@@ -87,7 +87,8 @@ fn description(arg: &Arg) -> String {
     if let Some(help) = arg.get_long_help().or(arg.get_help()) {
         sentences.push(one_line(&help.to_string()));
     }
-    let possible: Vec<String> = arg.get_possible_values().iter().filter(|v| !v.is_hide_set()).map(|v| code(v.get_name())).collect();
+    let possible: Vec<String> =
+        arg.get_possible_values().iter().filter(|v| !v.is_hide_set()).map(|v| code(v.get_name())).collect();
     if takes_value(arg) && !possible.is_empty() {
         sentences.push(format!("One of {}", possible.join(", ")));
     }

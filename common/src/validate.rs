@@ -46,14 +46,26 @@ const MIN_EPOCH_MS: u64 = 1_000_000_000_000;
 const MAX_EPOCH_MS: u64 = 100_000_000_000_000;
 
 const FIELDS: [&str; 15] = [
-    "event", "external_id", "parent_external_id", "occurred_at", "visitor_id", "click_id",
-    "contact_id", "email", "phone", "country", "address", "value", "currency", "hdyhau", "tags",
+    "event",
+    "external_id",
+    "parent_external_id",
+    "occurred_at",
+    "visitor_id",
+    "click_id",
+    "contact_id",
+    "email",
+    "phone",
+    "country",
+    "address",
+    "value",
+    "currency",
+    "hdyhau",
+    "tags",
 ];
 const ADDRESS_FIELDS: [&str; 3] = ["line1", "zip", "country"];
 
 static EVENT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z0-9_]{1,40}$"));
-static VISITOR_ID: LazyLock<Regex> =
-    LazyLock::new(|| pattern(r"^([A-Za-z0-9_-]{16})(?:\.[0-9]{8})?$"));
+static VISITOR_ID: LazyLock<Regex> = LazyLock::new(|| pattern(r"^([A-Za-z0-9_-]{16})(?:\.[0-9]{8})?$"));
 static CLICK_ID: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9A-Za-z]{12}$"));
 static COUNTRY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z]{2}$"));
 static CURRENCY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z]{3}$"));
@@ -74,7 +86,8 @@ pub fn validate_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion,
 /// refused items together stay within [`MAX_DETAILS_PER_RESPONSE`].
 pub fn validate_batch(input: &Json, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
     let items = batch_items(input).map_err(|problems| problems.into_details(MAX_DETAILS_PER_ITEM))?;
-    let checked: Vec<Result<ValidConversion, Refused>> = items.iter().map(|item| check_conversion(item, now_ms)).collect();
+    let checked: Vec<Result<ValidConversion, Refused>> =
+        items.iter().map(|item| check_conversion(item, now_ms)).collect();
     let refused = checked.iter().filter(|item| matches!(item, Err(Refused::Fields(_)))).count();
     let mut budget = ResponseBudget::new(refused);
     Ok(checked
@@ -98,7 +111,8 @@ fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refuse
     check.unknown_fields(object, &FIELDS, "");
 
     let event = check.required(object, "event", "event").and_then(|v| check.pattern(v, "event", &EVENT));
-    let external_id = check.required(object, "external_id", "external_id").and_then(|v| check.external_id(v, "external_id"));
+    let external_id =
+        check.required(object, "external_id", "external_id").and_then(|v| check.external_id(v, "external_id"));
     let parent_external_id =
         sent(object, "parent_external_id").and_then(|v| check.external_id(v, "parent_external_id"));
     let occurred_at = check.required(object, "occurred_at", "occurred_at").and_then(|v| check.occurred_at(v));
@@ -345,9 +359,8 @@ impl Checker {
         };
         let problems_before = self.problems.count();
         self.unknown_fields(object, &ADDRESS_FIELDS, "address.");
-        let line1 = self
-            .required(object, "line1", "address.line1")
-            .and_then(|v| self.text_any(v, "address.line1", 200));
+        let line1 =
+            self.required(object, "line1", "address.line1").and_then(|v| self.text_any(v, "address.line1", 200));
         let zip = self.required(object, "zip", "address.zip").and_then(|v| self.text_any(v, "address.zip", 16));
         let country = sent(object, "country").and_then(|v| self.pattern(v, "address.country", &COUNTRY));
         if self.problems.count() != problems_before {
@@ -397,9 +410,8 @@ impl Checker {
 
 /// ISO 8601 date-time with a zone (`Z` or an offset), as UTC epoch milliseconds.
 fn parse_date_time(text: &str) -> Option<i64> {
-    let parsed = OffsetDateTime::parse(text, &Rfc3339)
-        .or_else(|_| OffsetDateTime::parse(text, &Iso8601::DEFAULT))
-        .ok()?;
+    let parsed =
+        OffsetDateTime::parse(text, &Rfc3339).or_else(|_| OffsetDateTime::parse(text, &Iso8601::DEFAULT)).ok()?;
     i64::try_from(parsed.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 

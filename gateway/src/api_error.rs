@@ -13,10 +13,16 @@ pub enum ApiError {
     /// An error fully described by its code.
     Code(ErrorCode),
     Validation(Vec<FieldError>),
-    InsufficientScope { missing: &'static str },
-    RateLimited { retry_after_secs: u64 },
+    InsufficientScope {
+        missing: &'static str,
+    },
+    RateLimited {
+        retry_after_secs: u64,
+    },
     /// Refused before the body was read: the gateway cannot expect to answer in time.
-    Overloaded { retry_after_secs: u64 },
+    Overloaded {
+        retry_after_secs: u64,
+    },
     /// A server fault; the reason is logged, never sent.
     Internal(String),
 }
@@ -46,7 +52,9 @@ impl ApiError {
         let headers = response.headers_mut();
         let www_authenticate = match &self {
             ApiError::Code(ErrorCode::MissingApiKey) => Some(format!("Bearer realm=\"{REALM}\"")),
-            ApiError::Code(ErrorCode::InvalidApiKey) => Some(format!("Bearer realm=\"{REALM}\", error=\"invalid_token\"")),
+            ApiError::Code(ErrorCode::InvalidApiKey) => {
+                Some(format!("Bearer realm=\"{REALM}\", error=\"invalid_token\""))
+            }
             ApiError::InsufficientScope { missing } => {
                 Some(format!("Bearer realm=\"{REALM}\", error=\"insufficient_scope\", scope=\"{missing}\""))
             }

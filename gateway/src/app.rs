@@ -40,7 +40,11 @@ use tower_http::catch_panic::CatchPanicLayer;
 /// The body of every API response once it has been through the layers.
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// The layers below [`App::handle`]; the catch-panic layer answers with a body type of its own.
-type Inner = BoxCloneService<http::Request<Incoming>, http::Response<tower_http::body::UnsyncBoxBody<Bytes, BoxError>>, BoxError>;
+type Inner = BoxCloneService<
+    http::Request<Incoming>,
+    http::Response<tower_http::body::UnsyncBoxBody<Bytes, BoxError>>,
+    BoxError,
+>;
 
 /// The path that panics when `--panic-test-route` is on (never by default).
 pub const PANIC_TEST_PATH: &str = "/_test/panic";
@@ -115,8 +119,10 @@ fn panicked(_panic: Box<dyn std::any::Any + Send>) -> http::Response<http_body_u
 pub fn api_service(
     app: Arc<App>,
     max_requests_in_flight: usize,
-) -> impl tower::Service<http::Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send> + Clone + Send + 'static
-{
+) -> impl tower::Service<http::Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send>
+       + Clone
+       + Send
+       + 'static {
     let routed = app.clone();
     let inner: Inner = BoxCloneService::new(
         ServiceBuilder::new()
@@ -143,7 +149,9 @@ impl App {
         let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
         let has_body = !request.body().is_end_stream();
         let outcome = match inner.oneshot(request).await {
-            Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
+            Ok(response) if response.extensions().get::<Panicked>().is_none() => {
+                Ok(response.map(BodyExt::boxed_unsync))
+            }
             // Logged with the request id as an internal error; the panic's message is not
             // logged, as it may quote the input.
             Ok(_) => Err(ApiError::Internal("request panicked".into())),

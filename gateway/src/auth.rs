@@ -167,16 +167,25 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_remembered_for_the_shorter_time() {
-        let settings = CacheSettings { ttl: Duration::from_secs(2), unknown_ttl: Duration::from_secs(1), capacity: 10, stale_ttl: Duration::from_secs(600) };
+        let settings = CacheSettings {
+            ttl: Duration::from_secs(2),
+            unknown_ttl: Duration::from_secs(1),
+            capacity: 10,
+            stale_ttl: Duration::from_secs(600),
+        };
         let expiry = Expiry(settings);
         let principal = Principal { key_id: "k".into(), workspace_id: "w".into(), scopes: Vec::new() };
         let ttl = |lookup: &Lookup| expiry.expire_after_create(&[0; 32], lookup, Instant::now());
         assert_eq!(ttl(&Lookup::Unknown), Some(Duration::from_secs(1)));
-        for known in [Lookup::Revoked, Lookup::WorkspaceDeleted, Lookup::WorkspaceSuspended, Lookup::Active(principal)] {
+        for known in [Lookup::Revoked, Lookup::WorkspaceDeleted, Lookup::WorkspaceSuspended, Lookup::Active(principal)]
+        {
             assert_eq!(ttl(&known), Some(Duration::from_secs(2)));
         }
         let longer_unknown = Expiry(CacheSettings { unknown_ttl: Duration::from_secs(9), ..settings });
-        assert_eq!(longer_unknown.expire_after_create(&[0; 32], &Lookup::Unknown, Instant::now()), Some(Duration::from_secs(2)));
+        assert_eq!(
+            longer_unknown.expire_after_create(&[0; 32], &Lookup::Unknown, Instant::now()),
+            Some(Duration::from_secs(2))
+        );
     }
 
     #[test]
@@ -189,7 +198,9 @@ mod tests {
 
     #[test]
     fn anything_else_is_missing() {
-        for header in ["", "Bearer", "Bearer ", "Bearer sk_test_abc", "Basic svc_live_abc", "svc_test_abc", "Token svc_live_x"] {
+        for header in
+            ["", "Bearer", "Bearer ", "Bearer sk_test_abc", "Basic svc_live_abc", "svc_test_abc", "Token svc_live_x"]
+        {
             assert_eq!(presented_key(header), None, "{header:?}");
         }
     }

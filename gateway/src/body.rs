@@ -17,12 +17,15 @@ use std::time::Duration;
 pub const SINGLE_LIMIT: usize = 32 * 1024;
 pub const BATCH_LIMIT: usize = 1024 * 1024;
 
-pub async fn read_limited(headers: &http::HeaderMap, body: Incoming, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+pub async fn read_limited(
+    headers: &http::HeaderMap,
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
     let encoding = content_encoding(headers)?;
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if encoding == Encoding::Identity && declared.is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }

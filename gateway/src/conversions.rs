@@ -98,7 +98,12 @@ pub async fn batch(
     Ok(json(200, &Batch { results, summary }))
 }
 
-async fn read_body(app: &App, context: &RequestContext, request: http::Request<Incoming>, limit: usize) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(
+    app: &App,
+    context: &RequestContext,
+    request: http::Request<Incoming>,
+    limit: usize,
+) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
     context.body_read();
@@ -129,10 +134,12 @@ async fn write(
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started).await.map_err(|error: WriteError| {
-        app.metrics.write_failures.inc();
-        ApiError::Internal(error.to_string())
-    })
+    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started).await.map_err(
+        |error: WriteError| {
+            app.metrics.write_failures.inc();
+            ApiError::Internal(error.to_string())
+        },
+    )
 }
 
 /// A written conversion as the response shows it.

@@ -159,7 +159,8 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(server::serve(ops, ops_service, settings, CancellationToken::new()));
 
     let write_timeout = ms(config.write_timeout_ms);
-    let writes = writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
+    let writes =
+        writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
     let key_cache = auth::CacheSettings {
         ttl: ms(config.auth_cache_ttl_ms),
         unknown_ttl: ms(config.unknown_key_cache_ttl_ms),
@@ -190,7 +191,12 @@ async fn main() -> anyhow::Result<()> {
 
     tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway listening");
     let shutdown = CancellationToken::new();
-    let api_server = tokio::spawn(server::serve(api, app::api_service(app, config.max_requests_in_flight), settings, shutdown.clone()));
+    let api_server = tokio::spawn(server::serve(
+        api,
+        app::api_service(app, config.max_requests_in_flight),
+        settings,
+        shutdown.clone(),
+    ));
     // Only now can it be ready: a probe that sees 200 finds the API accepting.
     tokio::spawn(readiness.clone().keep_checking(pool, writes));
     intake_common::service::shutdown_signal().await;

@@ -100,13 +100,41 @@ impl Metrics {
         };
         registry.register("requests", "HTTP requests by route and status", metrics.requests.clone());
         registry.register("request_seconds", "HTTP request latency", metrics.latency.clone());
-        registry.register("kafka_roundtrip_seconds", "From producing a chunk to its reply", metrics.kafka_roundtrip.clone());
-        registry.register("writes_in_flight", "Write requests admitted and not yet answered", metrics.writes_in_flight.clone());
-        registry.register("load_shed", "Requests refused with 503 service_unavailable, by reason", metrics.load_shed.clone());
-        registry.register("ratelimit_refused", "Requests refused with 429 rate_limited, by limit", metrics.ratelimit_refused.clone());
-        registry.register("redis_fail_open", "Rate-limit checks let through because Redis did not answer", metrics.redis_fail_open.clone());
-        registry.register("key_cache", "API key lookups by cache result (a miss is one PostgreSQL query)", metrics.key_cache.clone());
-        registry.register("write_failures", "Writes answered 500 (Kafka, timeout or writer failure)", metrics.write_failures.clone());
+        registry.register(
+            "kafka_roundtrip_seconds",
+            "From producing a chunk to its reply",
+            metrics.kafka_roundtrip.clone(),
+        );
+        registry.register(
+            "writes_in_flight",
+            "Write requests admitted and not yet answered",
+            metrics.writes_in_flight.clone(),
+        );
+        registry.register(
+            "load_shed",
+            "Requests refused with 503 service_unavailable, by reason",
+            metrics.load_shed.clone(),
+        );
+        registry.register(
+            "ratelimit_refused",
+            "Requests refused with 429 rate_limited, by limit",
+            metrics.ratelimit_refused.clone(),
+        );
+        registry.register(
+            "redis_fail_open",
+            "Rate-limit checks let through because Redis did not answer",
+            metrics.redis_fail_open.clone(),
+        );
+        registry.register(
+            "key_cache",
+            "API key lookups by cache result (a miss is one PostgreSQL query)",
+            metrics.key_cache.clone(),
+        );
+        registry.register(
+            "write_failures",
+            "Writes answered 500 (Kafka, timeout or writer failure)",
+            metrics.write_failures.clone(),
+        );
         Metrics { registry: Arc::new(registry), ..metrics }
     }
 

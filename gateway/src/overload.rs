@@ -42,7 +42,11 @@ impl Admission {
         if writes.writers_behind(self.stall) {
             return Err(self.refuse(ShedReason::writers_behind, self.stall.as_secs().clamp(1, 60)));
         }
-        let permit = self.writes.clone().try_acquire_owned().map_err(|_| self.refuse(ShedReason::writes_in_flight, RETRY_AFTER_FULL_SECS))?;
+        let permit = self
+            .writes
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| self.refuse(ShedReason::writes_in_flight, RETRY_AFTER_FULL_SECS))?;
         self.metrics.writes_in_flight.inc();
         Ok(WritePermit { _permit: permit, in_flight: self.metrics.writes_in_flight.clone() })
     }

@@ -43,7 +43,8 @@ impl Readiness {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            let (postgres, kafka) = tokio::join!(check_postgres(&pool), tokio::time::timeout(CHECK_TIMEOUT * 3, writes.probe()));
+            let (postgres, kafka) =
+                tokio::join!(check_postgres(&pool), tokio::time::timeout(CHECK_TIMEOUT * 3, writes.probe()));
             let kafka = kafka.unwrap_or_else(|_| Err("timed out".into()));
             let mut failing = Vec::new();
             let mut errors = Vec::new();

@@ -56,17 +56,30 @@ mod tests {
         for prefix in ["/v1", "/api/v1"] {
             assert_eq!(Route::recognize(&Method::GET, &format!("{prefix}/workspace")), Some(Route::Workspace));
             assert_eq!(Route::recognize(&Method::POST, &format!("{prefix}/conversions")), Some(Route::Conversion));
-            assert_eq!(Route::recognize(&Method::POST, &format!("{prefix}/conversions/batch")), Some(Route::ConversionBatch));
+            assert_eq!(
+                Route::recognize(&Method::POST, &format!("{prefix}/conversions/batch")),
+                Some(Route::ConversionBatch)
+            );
             assert_eq!(Route::recognize(&Method::GET, &format!("{prefix}/openapi.json")), Some(Route::OpenApi));
         }
     }
 
     #[test]
     fn everything_else_is_unknown() {
-        for (method, path) in [(Method::GET, "/"), (Method::GET, "/v1"), (Method::GET, "/v1/"), (Method::GET, "/api/v1"),
-            (Method::GET, "/v1/conversions"), (Method::POST, "/v1/workspace"), (Method::DELETE, "/v1/conversions"),
-            (Method::POST, "/v1/conversions/"), (Method::POST, "/v2/conversions"), (Method::GET, "/v1/workspace/x"),
-            (Method::POST, "/api/v1/conversions/batch/1"), (Method::GET, "/healthz")] {
+        for (method, path) in [
+            (Method::GET, "/"),
+            (Method::GET, "/v1"),
+            (Method::GET, "/v1/"),
+            (Method::GET, "/api/v1"),
+            (Method::GET, "/v1/conversions"),
+            (Method::POST, "/v1/workspace"),
+            (Method::DELETE, "/v1/conversions"),
+            (Method::POST, "/v1/conversions/"),
+            (Method::POST, "/v2/conversions"),
+            (Method::GET, "/v1/workspace/x"),
+            (Method::POST, "/api/v1/conversions/batch/1"),
+            (Method::GET, "/healthz"),
+        ] {
             assert_eq!(Route::recognize(&method, path), None, "{method} {path}");
         }
     }

@@ -46,7 +46,11 @@ pub struct Settings {
 /// period).
 pub async fn serve<S, B>(listener: TcpListener, service: S, settings: Settings, shutdown: CancellationToken)
 where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible> + Clone + Send + Unpin + 'static,
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Unpin
+        + 'static,
     S::Future: Send + 'static,
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,
@@ -76,7 +80,14 @@ where
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection(http.clone(), stream, service.clone(), settings.keep_alive_timeout, shutdown.clone(), slot));
+        connections.spawn(connection(
+            http.clone(),
+            stream,
+            service.clone(),
+            settings.keep_alive_timeout,
+            shutdown.clone(),
+            slot,
+        ));
     }
     drop(listener);
     connections.close();
@@ -93,7 +104,11 @@ async fn connection<S, B>(
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
 ) where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible> + Clone + Send + Unpin + 'static,
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Unpin
+        + 'static,
     S::Future: Send + 'static,
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,

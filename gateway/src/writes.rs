@@ -77,7 +77,12 @@ pub struct WriteClient {
 impl WriteClient {
     /// Connects and starts reading replies from the current end of the reply partition, so
     /// that a reply to any request sent after this returns is seen.
-    pub async fn start(kafka: &KafkaArgs, reply_partition: i32, timeout: Duration, metrics: Metrics) -> anyhow::Result<Arc<Self>> {
+    pub async fn start(
+        kafka: &KafkaArgs,
+        reply_partition: i32,
+        timeout: Duration,
+        metrics: Metrics,
+    ) -> anyhow::Result<Arc<Self>> {
         let producer: FutureProducer = kafka::request_producer(kafka, timeout).create()?;
         let consumer: StreamConsumer = kafka::reply_reader(kafka).create()?;
         let consumer = Arc::new(consumer);
@@ -134,7 +139,8 @@ impl WriteClient {
             let payload = serde_json::to_vec(&request).map_err(|e| WriteError::Produce(e.to_string()))?;
             let headers = OwnedHeaders::new().insert(Header { key: REQUEST_ID_HEADER, value: Some(request_id) });
             let record = FutureRecord::to(&self.requests_topic).key(workspace_id).payload(&payload).headers(headers);
-            let delivery = self.producer.send_result(record).map_err(|(error, _)| WriteError::Produce(error.to_string()))?;
+            let delivery =
+                self.producer.send_result(record).map_err(|(error, _)| WriteError::Produce(error.to_string()))?;
             deliveries.push(delivery);
             replies.push((receiver, guard));
         }
@@ -169,14 +175,18 @@ impl WriteClient {
     pub async fn probe(&self) -> Result<(), String> {
         let consumer = self.consumer.clone();
         let producer = self.producer.clone();
-        let (replies, partition, requests) = (self.replies_topic.clone(), self.reply_partition, self.requests_topic.clone());
+        let (replies, partition, requests) =
+            (self.replies_topic.clone(), self.reply_partition, self.requests_topic.clone());
         let probe = move || -> Result<(), String> {
             let assignment = consumer.assignment().map_err(|e| e.to_string())?;
             if !assignment.elements_for_topic(&replies).iter().any(|e| e.partition() == partition) {
                 return Err("the reply partition is not assigned".into());
             }
-            consumer.fetch_watermarks(&replies, partition, PROBE_TIMEOUT).map_err(|e| format!("reply partition: {e}"))?;
-            let metadata = producer.client().fetch_metadata(Some(&requests), PROBE_TIMEOUT).map_err(|e| e.to_string())?;
+            consumer
+                .fetch_watermarks(&replies, partition, PROBE_TIMEOUT)
+                .map_err(|e| format!("reply partition: {e}"))?;
+            let metadata =
+                producer.client().fetch_metadata(Some(&requests), PROBE_TIMEOUT).map_err(|e| e.to_string())?;
             match metadata.topics().first() {
                 Some(topic) if topic.error().is_none() && !topic.partitions().is_empty() => Ok(()),
                 _ => Err("the requests topic is unknown to the broker".into()),
@@ -192,8 +202,10 @@ async fn reply_partition_end(consumer: &Arc<StreamConsumer>, topic: &str, partit
     let mut backoff = Duration::from_millis(100);
     loop {
         let (consumer, owned_topic) = (consumer.clone(), topic.to_owned());
-        let fetched =
-            tokio::task::spawn_blocking(move || consumer.fetch_watermarks(&owned_topic, partition, Duration::from_secs(5))).await;
+        let fetched = tokio::task::spawn_blocking(move || {
+            consumer.fetch_watermarks(&owned_topic, partition, Duration::from_secs(5))
+        })
+        .await;
         match fetched {
             Ok(Ok((_, high))) => return high,
             Ok(Err(error)) => tracing::warn!(%error, topic, partition, "cannot read the reply partition yet; retrying"),
@@ -270,9 +282,8 @@ mod tests {
 
     fn waiting(chunks: usize, busy_for: Duration, last_progress_ago: Duration) -> Waiting {
         let now = Instant::now();
-        let chunks = (0..chunks)
-            .map(|n| (n.to_string(), Pending { sender: oneshot::channel().0, sent_at: now }))
-            .collect();
+        let chunks =
+            (0..chunks).map(|n| (n.to_string(), Pending { sender: oneshot::channel().0, sent_at: now })).collect();
         Waiting { chunks, busy_since: now - busy_for, last_progress: now - last_progress_ago }
     }
 
@@ -283,6 +294,9 @@ mod tests {
         assert!(!waiting(0, long, long).behind(stall), "nothing waits");
         assert!(waiting(3, Duration::from_secs(6), long).behind(stall), "waiting 6 s, no answer for a minute");
         assert!(!waiting(3, Duration::from_secs(6), Duration::from_secs(1)).behind(stall), "an answer a second ago");
-        assert!(!waiting(3, Duration::from_secs(1), long).behind(stall), "waiting began a second ago, after a quiet minute");
+        assert!(
+            !waiting(3, Duration::from_secs(1), long).behind(stall),
+            "waiting began a second ago, after a quiet minute"
+        );
     }
 }

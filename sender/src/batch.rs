@@ -21,7 +21,8 @@ pub struct Batch {
 impl Batch {
     /// `{"conversions":[item,item,...]}`, built from the serialized items.
     pub fn body(&self) -> Vec<u8> {
-        let size = ENVELOPE_OPEN.len() + ENVELOPE_CLOSE.len() + self.items.iter().map(|i| i.json.len() + 1).sum::<usize>();
+        let size =
+            ENVELOPE_OPEN.len() + ENVELOPE_CLOSE.len() + self.items.iter().map(|i| i.json.len() + 1).sum::<usize>();
         let mut body = Vec::with_capacity(size);
         body.extend_from_slice(ENVELOPE_OPEN);
         for (index, item) in self.items.iter().enumerate() {
@@ -49,8 +50,12 @@ impl Batcher {
 
     /// Why an item cannot go into any batch, if it cannot.
     pub fn refuse(json: &[u8]) -> Option<RowError> {
-        (ENVELOPE_OPEN.len() + ENVELOPE_CLOSE.len() + json.len() > MAX_BODY_BYTES)
-            .then(|| RowError::new("payload_too_large", format!("the row alone is over the batch body limit of {MAX_BODY_BYTES} bytes")))
+        (ENVELOPE_OPEN.len() + ENVELOPE_CLOSE.len() + json.len() > MAX_BODY_BYTES).then(|| {
+            RowError::new(
+                "payload_too_large",
+                format!("the row alone is over the batch body limit of {MAX_BODY_BYTES} bytes"),
+            )
+        })
     }
 
     /// Adds an item (one [`Batcher::refuse`] let through); returns the batch it completed, if any.

@@ -150,18 +150,28 @@ async fn judge(response: reqwest::Response, items: usize) -> Attempt {
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let error = || {
         RowError::from_api(&json["error"]).unwrap_or_else(|| {
-            RowError::new(&format!("http_{}", status.as_u16()), String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
+            RowError::new(
+                &format!("http_{}", status.as_u16()),
+                String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+            )
         })
     };
     match status {
         StatusCode::OK => match results(&json, items) {
             Some(results) => Attempt::Done(Outcome::Answered(results)),
-            None => Attempt::Retry { after: None, error: RowError::new("bad_response", "the batch answer is not one result per item") },
+            None => Attempt::Retry {
+                after: None,
+                error: RowError::new("bad_response", "the batch answer is not one result per item"),
+            },
         },
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Attempt::Retry { after: retry_after, error: error() },
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+            Attempt::Retry { after: retry_after, error: error() }
+        }
         StatusCode::REQUEST_TIMEOUT => Attempt::Retry { after: retry_after, error: error() },
         status if status.is_server_error() => Attempt::Retry { after: retry_after, error: error() },
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => Attempt::Done(Outcome::Fatal(error())),
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => {
+            Attempt::Done(Outcome::Fatal(error()))
+        }
         _ => Attempt::Done(Outcome::Failed(error())),
     }
 }
@@ -192,7 +202,8 @@ fn results(json: &Value, items: usize) -> Option<Vec<ItemResult>> {
             (true, Some("unchanged")) => Some(ItemResult::Unchanged),
             (true, _) => None,
             (false, _) => Some(ItemResult::Failed(
-                RowError::from_api(&result["error"]).unwrap_or_else(|| RowError::new("unknown", "the item failed without an error")),
+                RowError::from_api(&result["error"])
+                    .unwrap_or_else(|| RowError::new("unknown", "the item failed without an error")),
             )),
         })
         .collect()

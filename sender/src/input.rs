@@ -97,7 +97,8 @@ impl CsvRows {
     fn new(source: Source) -> Result<CsvRows> {
         // Flexible: a row of the wrong length is that row's error, not the end of the run.
         let mut reader = csv::ReaderBuilder::new().flexible(true).has_headers(true).from_reader(source);
-        let header: Vec<String> = reader.headers().context("reading the CSV header")?.iter().map(str::to_owned).collect();
+        let header: Vec<String> =
+            reader.headers().context("reading the CSV header")?.iter().map(str::to_owned).collect();
         let columns = columns(&header)?;
         Ok(CsvRows { reader, header, columns, record: csv::ByteRecord::new() })
     }
@@ -147,7 +148,9 @@ fn columns(header: &[String]) -> Result<Vec<Column>> {
         }
         columns.push(match name.split_once('.') {
             _ if name == CSV_ERROR_COLUMN => Column::Ignored,
-            Some((parent, child)) if !parent.is_empty() && !child.is_empty() => Column::Member(parent.to_owned(), child.to_owned()),
+            Some((parent, child)) if !parent.is_empty() && !child.is_empty() => {
+                Column::Member(parent.to_owned(), child.to_owned())
+            }
             Some(_) => bail!("CSV column {name:?}: a dotted name is parent.child, e.g. address.line1 or tags.plan"),
             None => Column::Field(name.to_owned()),
         });
@@ -170,7 +173,9 @@ fn csv_item(columns: &[Column], cells: &[String]) -> Value {
                 object.insert(name.clone(), Value::String(cell.clone()));
             }
             Column::Member(parent, child) => {
-                if let Value::Object(members) = object.entry(parent.clone()).or_insert_with(|| Value::Object(Map::new())) {
+                if let Value::Object(members) =
+                    object.entry(parent.clone()).or_insert_with(|| Value::Object(Map::new()))
+                {
                     members.insert(child.clone(), Value::String(cell.clone()));
                 }
             }
@@ -208,7 +213,10 @@ fn json_row(line: &[u8]) -> Row {
         }
         // Sent all the same: the API says what is wrong with it.
         Ok(other) => Row { original: Original::Line(text), item: Ok(serialize(&other)) },
-        Err(error) => Row { original: Original::Line(text), item: Err(RowError::new("invalid_json", format!("the line is not JSON: {error}"))) },
+        Err(error) => Row {
+            original: Original::Line(text),
+            item: Err(RowError::new("invalid_json", format!("the line is not JSON: {error}"))),
+        },
     }
 }
 
@@ -223,7 +231,8 @@ mod tests {
     use serde_json::json;
 
     fn rows(text: &str, format: Format) -> (Option<Vec<String>>, Vec<Row>) {
-        let mut input = Input::open(Box::new(std::io::Cursor::new(text.as_bytes().to_vec())), format).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut input = Input::open(Box::new(std::io::Cursor::new(text.as_bytes().to_vec())), format)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let mut rows = Vec::new();
         while let Some(row) = input.next_row() {
             rows.push(row.unwrap_or_else(|e| panic!("{e:#}")));

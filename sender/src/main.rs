@@ -134,8 +134,9 @@ async fn start(cli: Cli) -> Result<Arc<Run>> {
     let format = match (cli.format, stdin) {
         (Some(format), _) => format,
         (None, true) => bail!("give --format csv or --format jsonl for standard input"),
-        (None, false) => Format::of_path(&cli.input)
-            .with_context(|| format!("cannot tell the format of {}: give --format csv or --format jsonl", cli.input.display()))?,
+        (None, false) => Format::of_path(&cli.input).with_context(|| {
+            format!("cannot tell the format of {}: give --format csv or --format jsonl", cli.input.display())
+        })?,
     };
     let input = Input::open(open(&cli.input)?, format)?;
     let rejects = cli.rejects.as_deref().map(|path| Rejects::create(path, input.rejects_header())).transpose()?;

@@ -94,7 +94,8 @@ fn line(now: &Counts, total: Option<u64>) -> String {
     let rate = rate(now);
     let position = match total {
         Some(total) if total > 0 => {
-            let eta = if rate > 0.0 { format!("{:.0} s", total.saturating_sub(done) as f64 / rate) } else { "?".to_owned() };
+            let eta =
+                if rate > 0.0 { format!("{:.0} s", total.saturating_sub(done) as f64 / rate) } else { "?".to_owned() };
             format!("{done} of {total} rows ({}%), {rate:.0} rows/s, ETA {eta}", done * 100 / total)
         }
         _ => format!("{done} rows, {rate:.0} rows/s"),

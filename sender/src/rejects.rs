@@ -91,7 +91,8 @@ mod tests {
     #[test]
     fn csv_rejects_add_the_error_column() {
         let path = std::env::temp_dir().join(format!("intake-send-rejects-{}.csv", std::process::id()));
-        let mut rejects = Rejects::create(&path, Some(vec!["event".into(), CSV_ERROR_COLUMN.into()])).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut rejects = Rejects::create(&path, Some(vec!["event".into(), CSV_ERROR_COLUMN.into()]))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let error = RowError::new("invalid_csv_row", "the row has 3 cells; the header has 1");
         rejects.write(&Original::Csv(vec!["a,b".into()]), None, &error).unwrap_or_else(|e| panic!("{e:#}"));
         rejects.flush().unwrap_or_else(|e| panic!("{e:#}"));

@@ -49,7 +49,9 @@ impl RowError {
         let details: Vec<String> = self
             .details
             .iter()
-            .map(|d| format!("{}: {}", d["path"].as_str().unwrap_or_default(), d["message"].as_str().unwrap_or_default()))
+            .map(|d| {
+                format!("{}: {}", d["path"].as_str().unwrap_or_default(), d["message"].as_str().unwrap_or_default())
+            })
             .collect();
         if details.is_empty() {
             format!("{}: {}", self.code, self.message)

@@ -132,11 +132,20 @@ impl Stack {
             writer_ops_urls: Vec::new(),
             options,
         };
-        let (partitions, replication) = (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
+        let (partitions, replication) =
+            (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
         // Gateway i reads reply partition i + 1.
         let reply_partitions = (stack.options.gateways.max(1) + 1).to_string();
         stack
-            .run_writer_command(&["topics", "--request-partitions", &partitions, "--reply-partitions", &reply_partitions, "--replication", &replication])
+            .run_writer_command(&[
+                "topics",
+                "--request-partitions",
+                &partitions,
+                "--reply-partitions",
+                &reply_partitions,
+                "--replication",
+                &replication,
+            ])
             .unwrap_or_else(|e| panic!("creating topics: {e:#}"));
         stack.gateway = stack.spawn_gateway(port, ops_port, 1);
         let mut more_ops_urls = Vec::new();
@@ -245,7 +254,10 @@ impl Stack {
     }
 
     /// SIGTERM to one writer; returns how long it took to exit and its status.
-    pub fn terminate_writer(&mut self, index: usize) -> std::thread::JoinHandle<(Duration, Option<std::process::ExitStatus>)> {
+    pub fn terminate_writer(
+        &mut self,
+        index: usize,
+    ) -> std::thread::JoinHandle<(Duration, Option<std::process::ExitStatus>)> {
         let mut writer = self.writers.remove(index);
         self.writer_ops_urls.remove(index);
         let _ = Command::new("kill").args(["-TERM", &writer.id().to_string()]).status();
@@ -278,7 +290,8 @@ impl Stack {
     /// Sends SIGTERM to the gateway and returns a handle on its exit.
     pub fn terminate_gateway(&mut self) -> std::thread::JoinHandle<Option<std::process::ExitStatus>> {
         let _ = Command::new("kill").args(["-TERM", &self.gateway.id().to_string()]).status();
-        let mut gateway = std::mem::replace(&mut self.gateway, Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")));
+        let mut gateway =
+            std::mem::replace(&mut self.gateway, Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")));
         std::thread::spawn(move || gateway.wait().ok())
     }
 
@@ -336,10 +349,12 @@ impl Stack {
 
     /// A new workspace with one key of the given scopes.
     pub fn workspace_with_scopes(&self, scopes: &str) -> TestKey {
-        let workspace = self.run_writer_command(&["workspace", "create", "--name", "Test", "--site", "shop.example"])
+        let workspace = self
+            .run_writer_command(&["workspace", "create", "--name", "Test", "--site", "shop.example"])
             .unwrap_or_else(|e| panic!("{e:#}"));
         let workspace_id = workspace["id"].as_str().unwrap_or_default().to_owned();
-        let key = self.run_writer_command(&["key", "create", "--workspace", &workspace_id, "--scopes", scopes])
+        let key = self
+            .run_writer_command(&["key", "create", "--workspace", &workspace_id, "--scopes", scopes])
             .unwrap_or_else(|e| panic!("{e:#}"));
         TestKey {
             workspace_id,
@@ -357,7 +372,13 @@ impl Stack {
         Client { http: self.http.clone(), base_url: self.base_url.clone() }
     }
 
-    pub async fn send(&self, method: reqwest::Method, path: &str, authorization: Option<&str>, body: Option<&Value>) -> Reply {
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        authorization: Option<&str>,
+        body: Option<&Value>,
+    ) -> Reply {
         self.client().send(method, path, authorization, body).await
     }
 
@@ -371,8 +392,15 @@ impl Stack {
 
     /// The gateway's Prometheus metrics, as text.
     pub async fn metrics(&self) -> Metrics {
-        let text = self.http.get(format!("{}/metrics", self.ops_url)).send().await
-            .unwrap_or_else(|e| panic!("scraping: {e}")).text().await.unwrap_or_default();
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.ops_url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("scraping: {e}"))
+            .text()
+            .await
+            .unwrap_or_default();
         Metrics(text)
     }
 
@@ -421,13 +449,18 @@ impl Stack {
     fn delete_topics(&self) {
         use rdkafka::admin::{AdminClient, AdminOptions};
         let brokers = self.options.kafka_brokers.clone().unwrap_or_else(|| env("INTAKE_KAFKA_BROKERS"));
-        let topics: Vec<String> = ["requests", "replies", "requests.dlq"].iter().map(|t| format!("{}.{t}", self.topic_prefix)).collect();
+        let topics: Vec<String> =
+            ["requests", "replies", "requests.dlq"].iter().map(|t| format!("{}.{t}", self.topic_prefix)).collect();
         let deleting = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-            let Ok(admin) = rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).create::<AdminClient<_>>() else { return };
+            let Ok(admin) = rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).create::<AdminClient<_>>()
+            else {
+                return;
+            };
             let names: Vec<&str> = topics.iter().map(String::as_str).collect();
             let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(3)));
-            let _ = runtime.block_on(tokio::time::timeout(Duration::from_secs(5), admin.delete_topics(&names, &options)));
+            let _ =
+                runtime.block_on(tokio::time::timeout(Duration::from_secs(5), admin.delete_topics(&names, &options)));
         });
         let _ = deleting.join();
     }
@@ -440,7 +473,13 @@ pub struct Client {
 }
 
 impl Client {
-    pub async fn send(&self, method: reqwest::Method, path: &str, authorization: Option<&str>, body: Option<&Value>) -> Reply {
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        authorization: Option<&str>,
+        body: Option<&Value>,
+    ) -> Reply {
         let mut request = self.http.request(method, format!("{}{path}", self.base_url));
         if let Some(authorization) = authorization {
             request = request.header("Authorization", authorization);
@@ -599,7 +638,11 @@ impl KafkaCluster {
         let script = format!("source {} && {function} {} {}", lib.display(), self.dir.display(), self.base_port);
         let output = Command::new("bash").args(["-c", &script]).stdin(Stdio::null()).output().context("bash")?;
         if !output.status.success() {
-            bail!("{function} failed: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+            bail!(
+                "{function} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
@@ -654,7 +697,8 @@ pub fn topic_contents(topic: &str) -> String {
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false");
     let consumer: BaseConsumer = config.create().unwrap_or_else(|e| panic!("consumer: {e}"));
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("metadata: {e}"));
+    let metadata =
+        consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("metadata: {e}"));
     let mut assignment = rdkafka::TopicPartitionList::new();
     let mut remaining = 0;
     for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
@@ -710,9 +754,15 @@ impl Traffic {
                         let started = Instant::now();
                         let (external_ids, status) = if n.is_multiple_of(5) {
                             let items: Vec<Value> = (0..20).map(|_| conversion("lead")).collect();
-                            let ids = items.iter().map(|i| i["external_id"].as_str().unwrap_or_default().to_owned()).collect();
-                            let reply = client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
-                            let all_ok = reply.body["results"].as_array().is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
+                            let ids = items
+                                .iter()
+                                .map(|i| i["external_id"].as_str().unwrap_or_default().to_owned())
+                                .collect();
+                            let reply =
+                                client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
+                            let all_ok = reply.body["results"]
+                                .as_array()
+                                .is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
                             (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
                         } else {
                             let input = conversion("lead");
@@ -764,7 +814,11 @@ impl FaultReport {
         FaultReport {
             acknowledged: sent.iter().filter(|s| ok(s)).count(),
             failed: sent.iter().filter(|s| !ok(s)).count(),
-            unexpected: sent.iter().map(|s| s.status).filter(|s| !(200..300).contains(s) && *s != 500 && *s != 503).collect(),
+            unexpected: sent
+                .iter()
+                .map(|s| s.status)
+                .filter(|s| !(200..300).contains(s) && *s != 500 && *s != 503)
+                .collect(),
             longest: sent.iter().map(|s| s.took).max().unwrap_or_default(),
             recovered_after: recovered.into_iter().collect::<Option<Vec<_>>>().and_then(|r| r.into_iter().max()),
         }
@@ -784,15 +838,16 @@ pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Dur
                 .filter(|s| s.workspace == index && (200..300).contains(&s.status))
                 .flat_map(|s| s.external_ids.iter().cloned())
                 .collect();
-            let stored: std::collections::HashSet<String> =
-                sqlx::query_scalar("SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)")
-                    .bind(&key.workspace_id)
-                    .bind(&acknowledged)
-                    .fetch_all(&db)
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect();
+            let stored: std::collections::HashSet<String> = sqlx::query_scalar(
+                "SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)",
+            )
+            .bind(&key.workspace_id)
+            .bind(&acknowledged)
+            .fetch_all(&db)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
             missing.extend(acknowledged.into_iter().filter(|id| !stored.contains(id)));
         }
         if missing.is_empty() || Instant::now() > deadline {
@@ -830,7 +885,11 @@ pub async fn produce_request(topic: &str, workspace_id: &str, reply_partition: i
 
 /// The headers of every message on a topic (the dead-letter topic), waiting up to `patience`
 /// for at least `expected` messages.
-pub fn topic_headers(topic: &str, expected: usize, patience: Duration) -> Vec<std::collections::BTreeMap<String, String>> {
+pub fn topic_headers(
+    topic: &str,
+    expected: usize,
+    patience: Duration,
+) -> Vec<std::collections::BTreeMap<String, String>> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()

@@ -19,7 +19,9 @@ async fn each_endpoint(stack: &Stack, authorization: Option<&str>) -> Vec<Reply>
 #[tokio::test]
 async fn missing_key() {
     let stack = Stack::start().await;
-    for authorization in [None, Some(""), Some("Bearer"), Some("Bearer sk_test_123"), Some("Basic svc_live_abc"), Some("svc_test_x")] {
+    for authorization in
+        [None, Some(""), Some("Bearer"), Some("Bearer sk_test_123"), Some("Basic svc_live_abc"), Some("svc_test_x")]
+    {
         for reply in each_endpoint(&stack, authorization).await {
             assert_eq!((reply.status, reply.error_code()), (401, "missing_api_key"), "{authorization:?}");
             assert_eq!(reply.header("www-authenticate"), Some(REALM));
@@ -46,7 +48,9 @@ async fn unknown_and_revoked_keys() {
 async fn bearer_any_case_and_bare_key_are_accepted() {
     let stack = Stack::start().await;
     let key = stack.workspace();
-    for authorization in [key.bearer(), format!("bearer {}", key.secret), format!("BEARER  {}", key.secret), key.secret.clone()] {
+    for authorization in
+        [key.bearer(), format!("bearer {}", key.secret), format!("BEARER  {}", key.secret), key.secret.clone()]
+    {
         let reply = stack.send(Method::GET, "/v1/workspace", Some(&authorization), None).await;
         assert_eq!(reply.status, 200, "{authorization:?}: {reply:?}");
         assert!(reply.header("www-authenticate").is_none());
@@ -129,15 +133,22 @@ async fn error_order_auth_before_everything_else() {
     let reply = stack.send(Method::POST, "/v1/conversions?x=1", None, Some(&json!({"bad": true}))).await;
     assert_eq!(reply.error_code(), "missing_api_key");
     let reader = stack.workspace_with_scopes("workspace:read");
-    let reply = stack.send(Method::POST, "/v1/conversions?x=1", Some(&reader.bearer()), Some(&json!({"bad": true}))).await;
+    let reply =
+        stack.send(Method::POST, "/v1/conversions?x=1", Some(&reader.bearer()), Some(&json!({"bad": true}))).await;
     assert_eq!(reply.error_code(), "insufficient_scope", "scope before query string");
     let writer = stack.workspace_with_scopes("conversions:write");
-    let reply = stack.send(Method::POST, "/v1/conversions?x=1", Some(&writer.bearer()), Some(&json!({"bad": true}))).await;
+    let reply =
+        stack.send(Method::POST, "/v1/conversions?x=1", Some(&writer.bearer()), Some(&json!({"bad": true}))).await;
     assert_eq!((reply.status, reply.error_code()), (400, "query_not_allowed"));
-    let reply = stack.send(Method::POST, "/v1/conversions/batch?dry_run=true", Some(&writer.bearer()), Some(&json!({}))).await;
+    let reply =
+        stack.send(Method::POST, "/v1/conversions/batch?dry_run=true", Some(&writer.bearer()), Some(&json!({}))).await;
     assert_eq!((reply.status, reply.error_code()), (400, "query_not_allowed"));
     let reply = stack.send(Method::GET, "/v1/workspace?x=1", Some(&writer.bearer()), None).await;
     assert_eq!(reply.error_code(), "insufficient_scope");
     let full = stack.workspace();
-    assert_eq!(stack.send(Method::GET, "/v1/workspace?x=1", Some(&full.bearer()), None).await.status, 200, "reads may carry a query");
+    assert_eq!(
+        stack.send(Method::GET, "/v1/workspace?x=1", Some(&full.bearer()), None).await.status,
+        200,
+        "reads may carry a query"
+    );
 }

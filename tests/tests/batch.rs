@@ -16,15 +16,33 @@ async fn results_in_input_order_with_item_errors_and_summary() {
     changed["value"] = json!(5);
     let mut old = conversion("lead");
     old["occurred_at"] = json!("1999-01-01T00:00:00Z");
-    let items = vec![first.clone(), json!({"event": "bad!"}), first.clone(), changed, json!(42), old, conversion("deal")];
+    let items =
+        vec![first.clone(), json!({"event": "bad!"}), first.clone(), changed, json!(42), old, conversion("deal")];
     let reply = stack.post("/v1/conversions/batch", &key, &batch(items)).await;
     assert_eq!(reply.status, 200, "{reply:?}");
     let results = reply.body["results"].as_array().cloned().unwrap_or_default();
     let indexes: Vec<_> = results.iter().map(|r| r["index"].as_u64().unwrap_or(99)).collect();
     assert_eq!(indexes, vec![0, 1, 2, 3, 4, 5, 6]);
-    let outcome = |r: &Value| if r["ok"] == json!(true) { r["conversion"]["result"].as_str().unwrap_or("?").to_owned() } else { r["error"]["code"].as_str().unwrap_or("?").to_owned() };
+    let outcome = |r: &Value| {
+        if r["ok"] == json!(true) {
+            r["conversion"]["result"].as_str().unwrap_or("?").to_owned()
+        } else {
+            r["error"]["code"].as_str().unwrap_or("?").to_owned()
+        }
+    };
     let outcomes: Vec<String> = results.iter().map(outcome).collect();
-    assert_eq!(outcomes, ["created", "validation_failed", "unchanged", "updated", "validation_failed", "occurred_at_out_of_range", "created"]);
+    assert_eq!(
+        outcomes,
+        [
+            "created",
+            "validation_failed",
+            "unchanged",
+            "updated",
+            "validation_failed",
+            "occurred_at_out_of_range",
+            "created"
+        ]
+    );
     let details = &results[1]["error"]["details"];
     let paths: Vec<_> = details.as_array().into_iter().flatten().filter_map(|d| d["path"].as_str()).collect();
     assert_eq!(paths, ["event", "external_id", "occurred_at"], "paths relative to the item");
@@ -53,7 +71,10 @@ async fn envelope_errors_are_answered_before_anything_is_written() {
         assert_eq!(reply.body["error"]["details"][0]["path"], json!(path));
     }
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id).fetch_one(&database().await).await.unwrap_or(-1);
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or(-1);
     assert_eq!(stored, 0);
 }
 
@@ -96,7 +117,10 @@ async fn a_failed_later_chunk_is_500_earlier_chunks_stay_and_the_resend_is_safe(
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id).fetch_one(&db).await.unwrap_or(-1);
+        .bind(&key.workspace_id)
+        .fetch_one(&db)
+        .await
+        .unwrap_or(-1);
     assert_eq!(stored, 100, "the first chunk stays committed");
     let dead = topic_contents(&format!("{}.requests.dlq", stack.topic_prefix));
     assert!(dead.contains(&poison), "the failed chunk went to the dead-letter topic");
@@ -107,7 +131,8 @@ async fn a_failed_later_chunk_is_500_earlier_chunks_stay_and_the_resend_is_safe(
 
 #[tokio::test]
 async fn no_reply_before_the_deadline_is_500() {
-    let stack = Stack::start_with(StackOptions { write_timeout_ms: 1_000, start_writer: false, ..Default::default() }).await;
+    let stack =
+        Stack::start_with(StackOptions { write_timeout_ms: 1_000, start_writer: false, ..Default::default() }).await;
     let key = stack.workspace();
     let reply = stack.post("/v1/conversions/batch", &key, &batch(vec![conversion("lead")])).await;
     assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));

@@ -91,7 +91,10 @@ async fn merged_chains_resolve_to_the_oldest() {
     assert_eq!(parent.body["conversion"]["chain_id"], oldest);
     let merged = other.body["conversion"]["chain_id"].as_str().unwrap_or_default().to_owned();
     let resolved: Option<String> = sqlx::query_scalar("SELECT merged_into FROM chains WHERE id = $1")
-        .bind(&merged).fetch_one(&database().await).await.unwrap_or_default();
+        .bind(&merged)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or_default();
     assert_eq!(resolved.map(Value::from), Some(oldest), "the merge is recorded");
 }
 
@@ -104,5 +107,8 @@ async fn a_parent_that_arrives_later_links_the_stored_children() {
     assert_eq!(chains_of(&key.workspace_id, "p").await.len(), 2, "unlinked until the parent arrives");
     let parent = stack.post("/v1/conversions", &key, &stage("lead", "p-lead", None)).await;
     assert_eq!(parent.status, 201);
-    assert_eq!(chains_of(&key.workspace_id, "p").await, vec![parent.body["conversion"]["chain_id"].as_str().unwrap_or_default().to_owned()]);
+    assert_eq!(
+        chains_of(&key.workspace_id, "p").await,
+        vec![parent.body["conversion"]["chain_id"].as_str().unwrap_or_default().to_owned()]
+    );
 }

@@ -12,18 +12,36 @@ fn python_tool(name: &str) -> String {
 #[tokio::test]
 async fn the_document_is_valid_openapi_3_1() {
     let stack = Stack::start().await;
-    let document = stack.http.get(format!("{}/v1/openapi.json", stack.base_url)).send().await
-        .unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default();
+    let document = stack
+        .http
+        .get(format!("{}/v1/openapi.json", stack.base_url))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
     let path = stack.log_dir.join("openapi.json");
     std::fs::write(&path, document).unwrap_or_else(|e| panic!("{e}"));
-    let output = Command::new(python_tool("openapi-spec-validator")).arg(&path).output().unwrap_or_else(|e| panic!("{e}"));
-    assert!(output.status.success(), "{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output =
+        Command::new(python_tool("openapi-spec-validator")).arg(&path).output().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 #[tokio::test]
 async fn schemathesis_finds_no_failure() {
     // Limits out of the way: this is about the contract, not the rate limiter.
-    let stack = Stack::start_with(StackOptions { requests_per_minute: 1_000_000, conversions_per_minute: 100_000_000, ..Default::default() }).await;
+    let stack = Stack::start_with(StackOptions {
+        requests_per_minute: 1_000_000,
+        conversions_per_minute: 100_000_000,
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/schemathesis.toml");
     let examples = std::env::var("INTAKE_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "200".to_owned());

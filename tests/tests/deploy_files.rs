@@ -47,7 +47,10 @@ fn deployment_files_set_only_settings_the_programs_have() {
     let bin = PathBuf::from(intake_tests::env("INTAKE_BIN_DIR"));
     let mut known = BTreeSet::new();
     for program in ["intake-gateway", "intake-writer"] {
-        let output = Command::new(bin.join(program)).arg("--config-reference").output().unwrap_or_else(|e| panic!("{program}: {e}"));
+        let output = Command::new(bin.join(program))
+            .arg("--config-reference")
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e}"));
         known.extend(variables(&String::from_utf8_lossy(&output.stdout)));
     }
     assert!(known.contains("INTAKE_REPLY_PARTITION") && known.contains("DATABASE_URL"), "{known:?}");

@@ -82,7 +82,8 @@ struct PrivatePostgres {
 
 impl PrivatePostgres {
     fn bin(name: &str) -> std::path::PathBuf {
-        let mut versions: Vec<_> = std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
+        let mut versions: Vec<_> =
+            std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
         versions.sort();
         versions.pop().unwrap_or_default().join("bin").join(name)
     }
@@ -98,7 +99,12 @@ impl PrivatePostgres {
             Command::new(args[0])
         };
         let args = if is_root { args } else { &args[1..] };
-        command.args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success())
+        command
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     fn start_new() -> Self {
@@ -107,7 +113,17 @@ impl PrivatePostgres {
         std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
         let _ = Command::new("chown").args(["postgres:postgres", &data.display().to_string()]).status();
         let initdb = Self::bin("initdb");
-        assert!(Self::run(&[&initdb.display().to_string(), "-D", &data.display().to_string(), "-U", "postgres", "--auth=trust"]), "initdb");
+        assert!(
+            Self::run(&[
+                &initdb.display().to_string(),
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                "--auth=trust"
+            ]),
+            "initdb"
+        );
         let server = Self { data, port };
         server.start();
         server
@@ -116,7 +132,10 @@ impl PrivatePostgres {
     fn start(&self) {
         let options = format!("-c listen_addresses=127.0.0.1 -p {} -k /tmp -c fsync=off", self.port);
         let pg_ctl = Self::bin("pg_ctl").display().to_string();
-        assert!(Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-w", "-o", &options, "start"]), "pg_ctl start");
+        assert!(
+            Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-w", "-o", &options, "start"]),
+            "pg_ctl start"
+        );
     }
 
     fn stop(&self) {
@@ -139,13 +158,12 @@ impl Drop for PrivatePostgres {
 #[tokio::test]
 async fn a_database_outage_delays_writes_and_loses_none() {
     let postgres = PrivatePostgres::start_new();
-    let options = StackOptions {
-        database_url: Some(postgres.url()),
-        write_timeout_ms: 2_000,
-        ..Default::default()
-    };
+    let options = StackOptions { database_url: Some(postgres.url()), write_timeout_ms: 2_000, ..Default::default() };
     let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
-        .arg("migrate").env("DATABASE_URL", postgres.url()).output().unwrap_or_else(|e| panic!("{e}"));
+        .arg("migrate")
+        .env("DATABASE_URL", postgres.url())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
     let stack = Stack::start_with(options).await;
     let key = stack.workspace();
@@ -161,11 +179,18 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     }
     postgres.start();
 
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&postgres.url()).await.unwrap_or_else(|e| panic!("{e}"));
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&postgres.url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut stored = 0;
     for _ in 0..150 {
         stored = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE external_id = ANY($1)")
-            .bind(&during).fetch_one(&db).await.unwrap_or(0);
+            .bind(&during)
+            .fetch_one(&db)
+            .await
+            .unwrap_or(0);
         if stored == 3 {
             break;
         }

@@ -80,7 +80,8 @@ impl Raw {
             .filter_map(|line| line.split_once(':'))
             .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
             .collect();
-        let length: usize = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+        let length: usize =
+            headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
         while self.buffered.len() < head_end + 4 + length {
             if !self.fill().await {
                 return None;
@@ -94,15 +95,14 @@ impl Raw {
     /// How long until the server closes the connection, waiting at most `patience`.
     async fn closed_after(&mut self, patience: Duration) -> Option<Duration> {
         let started = Instant::now();
-        let read_to_end = async {
-            while self.fill().await {}
-        };
+        let read_to_end = async { while self.fill().await {} };
         tokio::time::timeout(patience, read_to_end).await.ok().map(|()| started.elapsed())
     }
 }
 
 fn serde_json_value(bytes: &[u8]) -> Value {
-    intake_tests::serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+    intake_tests::serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 fn get(path: &str) -> Vec<u8> {
@@ -117,7 +117,8 @@ fn write_head(path: &str, authorization: &str, length: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_lives_on() {
-    let stack = Stack::start_with(StackOptions { gateway_args: args(&["--panic-test-route"]), ..Default::default() }).await;
+    let stack =
+        Stack::start_with(StackOptions { gateway_args: args(&["--panic-test-route"]), ..Default::default() }).await;
     let mut connection = Raw::connect(&stack).await;
     connection.send(&get("/_test/panic")).await;
     let reply = connection.response().await.unwrap_or_else(|| panic!("the connection was dropped"));
@@ -131,7 +132,8 @@ async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_li
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let logs = stack.logs();
-    let line = logs.lines().find(|l| l.contains("request panicked")).unwrap_or_else(|| panic!("no panic line in {logs}"));
+    let line =
+        logs.lines().find(|l| l.contains("request panicked")).unwrap_or_else(|| panic!("no panic line in {logs}"));
     assert!(line.contains(&request_id), "the panic is logged with the request id: {line}");
     assert!(!logs.contains("the panic test route was called"), "a panic's message (it may quote input) is not logged");
 
@@ -144,7 +146,14 @@ async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_li
 #[tokio::test]
 async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
     let stack = Stack::start_with(StackOptions {
-        gateway_args: args(&["--header-read-timeout-ms", "1500", "--body-read-timeout-ms", "1000", "--keep-alive-timeout-ms", "500"]),
+        gateway_args: args(&[
+            "--header-read-timeout-ms",
+            "1500",
+            "--body-read-timeout-ms",
+            "1000",
+            "--keep-alive-timeout-ms",
+            "500",
+        ]),
         ..Default::default()
     })
     .await;
@@ -152,13 +161,22 @@ async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
 
     // Half a head, then nothing: closed after the header read timeout.
     let mut half_head = Raw::connect(&stack).await;
-    half_head.send(format!("POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nContent-", key.bearer()).as_bytes()).await;
+    half_head
+        .send(
+            format!("POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nContent-", key.bearer())
+                .as_bytes(),
+        )
+        .await;
     // A connection that sends nothing at all: the same.
     let mut silent = Raw::connect(&stack).await;
-    let (half_head, silent) = tokio::join!(half_head.closed_after(Duration::from_secs(6)), silent.closed_after(Duration::from_secs(6)));
+    let (half_head, silent) =
+        tokio::join!(half_head.closed_after(Duration::from_secs(6)), silent.closed_after(Duration::from_secs(6)));
     for (client, closed) in [("half a head", half_head), ("silent", silent)] {
         let closed = closed.unwrap_or_else(|| panic!("{client}: still open after 6 s"));
-        assert!(closed >= Duration::from_millis(1300) && closed < Duration::from_secs(4), "{client}: closed after {closed:?}");
+        assert!(
+            closed >= Duration::from_millis(1300) && closed < Duration::from_secs(4),
+            "{client}: closed after {closed:?}"
+        );
     }
 
     // A Content-Length and no body: 408 request_timeout after the body read timeout, then closed.
@@ -189,8 +207,12 @@ async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
     let mut idle = Raw::connect(&stack).await;
     idle.send(&get("/v1/openapi.json")).await;
     assert_eq!(idle.response().await.map(|r| r.status), Some(200));
-    let closed = idle.closed_after(Duration::from_secs(5)).await.unwrap_or_else(|| panic!("idle connection still open"));
-    assert!(closed >= Duration::from_millis(400) && closed < Duration::from_millis(1300), "idle closed after {closed:?}");
+    let closed =
+        idle.closed_after(Duration::from_secs(5)).await.unwrap_or_else(|| panic!("idle connection still open"));
+    assert!(
+        closed >= Duration::from_millis(400) && closed < Duration::from_millis(1300),
+        "idle closed after {closed:?}"
+    );
 }
 
 #[tokio::test]
@@ -201,7 +223,15 @@ async fn well_behaved_clients_are_served_fast_while_100_slow_clients_hang() {
     for n in 0..100 {
         let mut client = Raw::connect(&stack).await;
         if n % 2 == 0 {
-            client.send(format!("GET /v1/workspace HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nX-Slow: ", key.bearer()).as_bytes()).await;
+            client
+                .send(
+                    format!(
+                        "GET /v1/workspace HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nX-Slow: ",
+                        key.bearer()
+                    )
+                    .as_bytes(),
+                )
+                .await;
         } else {
             client.send(&write_head("/v1/conversions", &key.bearer(), 500)).await;
         }
@@ -230,7 +260,14 @@ async fn well_behaved_clients_are_served_fast_while_100_slow_clients_hang() {
 #[tokio::test]
 async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     let stack = Stack::start_with(StackOptions {
-        gateway_args: args(&["--max-connections", "5", "--header-read-timeout-ms", "1500", "--keep-alive-timeout-ms", "200"]),
+        gateway_args: args(&[
+            "--max-connections",
+            "5",
+            "--header-read-timeout-ms",
+            "1500",
+            "--keep-alive-timeout-ms",
+            "200",
+        ]),
         ..Default::default()
     })
     .await;
@@ -307,7 +344,10 @@ async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
     // Past the request rate limit: its headers are there, unless Redis was slow to answer on a
     // loaded machine and the check let the request through (fail-open, counted).
     let failed_open = stack.metrics().await.value("intake_gateway_redis_fail_open_total") > 0.0;
-    assert!(reply.header("ratelimit-remaining").is_some() || failed_open, "it got past the request rate limit: {reply:?}");
+    assert!(
+        reply.header("ratelimit-remaining").is_some() || failed_open,
+        "it got past the request rate limit: {reply:?}"
+    );
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not writes");
 
     stack.start_writer();
@@ -352,7 +392,8 @@ async fn writes_get_503_while_the_writers_give_no_reply() {
 
 #[tokio::test]
 async fn a_batch_of_500_without_a_writer_answers_within_the_deadline() {
-    let stack = Stack::start_with(StackOptions { start_writer: false, write_timeout_ms: 2_000, ..Default::default() }).await;
+    let stack =
+        Stack::start_with(StackOptions { start_writer: false, write_timeout_ms: 2_000, ..Default::default() }).await;
     let key = stack.workspace();
     let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
     let started = Instant::now();
@@ -489,7 +530,9 @@ async fn start_of_a_window(needed: u64) {
 
 #[tokio::test]
 async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_cache() {
-    let stack = Stack::start_with(StackOptions { requests_per_minute: 6, conversions_per_minute: 3, ..Default::default() }).await;
+    let stack =
+        Stack::start_with(StackOptions { requests_per_minute: 6, conversions_per_minute: 3, ..Default::default() })
+            .await;
     let key = stack.workspace();
     start_of_a_window(20).await;
     for _ in 0..3 {
@@ -517,7 +560,8 @@ async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_c
     for (series, value) in expected {
         assert_eq!(metrics.value(series), value, "{series} in\n{}", metrics.0);
     }
-    let lookups = metrics.value("intake_gateway_key_cache_total{result=\"hit\"}") + metrics.value("intake_gateway_key_cache_total{result=\"miss\"}");
+    let lookups = metrics.value("intake_gateway_key_cache_total{result=\"hit\"}")
+        + metrics.value("intake_gateway_key_cache_total{result=\"miss\"}");
     assert_eq!(lookups, 7.0, "one key lookup per authenticated request");
     assert!(metrics.value("intake_gateway_key_cache_total{result=\"miss\"}") >= 1.0);
     assert!(metrics.value("intake_gateway_kafka_roundtrip_seconds_sum") > 0.0);
@@ -534,7 +578,8 @@ async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_va
     item["email"] = json!("logline-secret@example.com");
     let mut bad = conversion("lead");
     bad["event"] = json!("not valid!");
-    let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": [item, bad, conversion("lead")] })).await;
+    let reply =
+        stack.post("/v1/conversions/batch", &key, &json!({ "conversions": [item, bad, conversion("lead")] })).await;
     assert_eq!(reply.status, 200);
     let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -13,10 +13,13 @@ async fn every_bad_field_is_reported_at_once_without_its_value() {
         "address": {"line1": "SECRET-2", "zip": "", "unit": "4"}, "tags": {"Plan": "SECRET-3"}, "colour": "SECRET-4"});
     let reply = stack.post("/v1/conversions", &key, &body).await;
     assert_eq!((reply.status, reply.error_code()), (422, "validation_failed"));
-    let mut paths: Vec<&str> = reply.body["error"]["details"].as_array().into_iter().flatten()
-        .filter_map(|d| d["path"].as_str()).collect();
+    let mut paths: Vec<&str> =
+        reply.body["error"]["details"].as_array().into_iter().flatten().filter_map(|d| d["path"].as_str()).collect();
     paths.sort_unstable();
-    assert_eq!(paths, vec!["address.unit", "address.zip", "colour", "email", "event", "external_id", "occurred_at", "tags.Plan"]);
+    assert_eq!(
+        paths,
+        vec!["address.unit", "address.zip", "colour", "email", "event", "external_id", "occurred_at", "tags.Plan"]
+    );
     let text = reply.body.to_string();
     for secret in ["SECRET-1", "SECRET-2", "SECRET-3", "SECRET-4", "bad event!", "xxxxxxxx"] {
         assert!(!text.contains(secret), "{secret} echoed in {text}");
@@ -47,8 +50,14 @@ async fn invalid_json() {
     let key = stack.workspace();
     for body in ["", "{", "{\"event\": }", "nul", "\u{0}"] {
         for path in ["/v1/conversions", "/v1/conversions/batch"] {
-            let reply = stack.http.post(format!("{}{path}", stack.base_url)).header("Authorization", key.bearer())
-                .header("Content-Type", "application/json").body(body.to_owned()).send().await;
+            let reply = stack
+                .http
+                .post(format!("{}{path}", stack.base_url))
+                .header("Authorization", key.bearer())
+                .header("Content-Type", "application/json")
+                .body(body.to_owned())
+                .send()
+                .await;
             let reply = reply.unwrap_or_else(|e| panic!("{e}"));
             let status = reply.status().as_u16();
             let json: Value = reply.json().await.unwrap_or(Value::Null);
@@ -74,7 +83,13 @@ async fn body_limits() {
     assert_eq!(stack.post("/v1/conversions", &key, &exact).await.error_code(), "validation_failed");
 
     // A batch of 500 items stays under 1 MiB; one over 1 MiB is refused.
-    let items: Vec<Value> = (0..500).map(|_| { let mut c = conversion("lead"); c["hdyhau"] = json!("z".repeat(2100)); c }).collect();
+    let items: Vec<Value> = (0..500)
+        .map(|_| {
+            let mut c = conversion("lead");
+            c["hdyhau"] = json!("z".repeat(2100));
+            c
+        })
+        .collect();
     let reply = stack.post("/v1/conversions/batch", &key, &json!({"conversions": items})).await;
     assert_eq!((reply.status, reply.error_code()), (413, "payload_too_large"));
 }
@@ -110,7 +125,10 @@ async fn unusable_identifiers_are_saved_with_warnings() {
     input["address"] = json!({"line1": "1 Main St", "zip": "ABCDE", "country": "US"});
     let reply = stack.post("/v1/conversions", &key, &input).await;
     assert_eq!(reply.status, 201, "{reply:?}");
-    assert_eq!(reply.body["conversion"]["warnings"], json!(["email_invalid", "phone_unparseable", "address_unparseable"]));
+    assert_eq!(
+        reply.body["conversion"]["warnings"],
+        json!(["email_invalid", "phone_unparseable", "address_unparseable"])
+    );
 
     // A stored hash is not overwritten by a dropped identifier.
     input["email"] = json!("ann@example.com");
@@ -119,9 +137,15 @@ async fn unusable_identifiers_are_saved_with_warnings() {
     input["email"] = json!("broken@");
     let reply = stack.post("/v1/conversions", &key, &input).await;
     assert_eq!(reply.body["conversion"]["result"], "unchanged", "{reply:?}");
-    assert_eq!(reply.body["conversion"]["warnings"], json!(["email_invalid", "phone_unparseable", "address_unparseable"]));
+    assert_eq!(
+        reply.body["conversion"]["warnings"],
+        json!(["email_invalid", "phone_unparseable", "address_unparseable"])
+    );
     let hash: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id).fetch_one(&database().await).await.unwrap_or_default();
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or_default();
     assert_eq!(hash.as_deref(), Some("71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476"));
 }
 
@@ -135,8 +159,14 @@ async fn gzip_bodies_are_accepted_and_other_encodings_refused() {
     let _ = encoder.write_all(input.to_string().as_bytes());
     let compressed = encoder.finish().unwrap_or_default();
     let send = |encoding: &'static str, body: Vec<u8>| {
-        stack.http.post(format!("{}/v1/conversions", stack.base_url)).header("Authorization", key.bearer())
-            .header("Content-Encoding", encoding).header("Content-Type", "application/json").body(body).send()
+        stack
+            .http
+            .post(format!("{}/v1/conversions", stack.base_url))
+            .header("Authorization", key.bearer())
+            .header("Content-Encoding", encoding)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
     };
     let reply = send("gzip", compressed).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reply.status().as_u16(), 201);
@@ -176,15 +206,21 @@ async fn raw_email_phone_and_address_reach_no_topic_table_or_log() {
     assert_eq!(reply.status, 200);
     let raw_phone_digits = format!("415{digits}");
 
-    let dump = std::process::Command::new("pg_dump").arg(intake_tests::env("DATABASE_URL")).output()
+    let dump = std::process::Command::new("pg_dump")
+        .arg(intake_tests::env("DATABASE_URL"))
+        .output()
         .unwrap_or_else(|e| panic!("pg_dump: {e}"));
     assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
     let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert!(dump.contains(&key.workspace_id), "the dump holds this test's data");
     let requests = topic_contents(&format!("{}.requests", stack.topic_prefix));
     assert!(requests.contains(&key.workspace_id), "the topic holds this test's messages");
-    let places = [("database dump", dump), ("requests topic", requests),
-        ("replies topic", topic_contents(&format!("{}.replies", stack.topic_prefix))), ("logs", stack.logs())];
+    let places = [
+        ("database dump", dump),
+        ("requests topic", requests),
+        ("replies topic", topic_contents(&format!("{}.replies", stack.topic_prefix))),
+        ("logs", stack.logs()),
+    ];
     for (place, text) in places {
         for raw in [marker.as_str(), raw_phone_digits.as_str(), "SECRETZIP", "Main Street", "main street"] {
             assert!(!text.contains(raw), "{raw} found in the {place}");

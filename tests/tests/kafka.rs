@@ -28,7 +28,8 @@ async fn kill_a_writer_and_start_it_again(writers: usize, back_within: Duration)
     let report = FaultReport::of(&sent, keys.len(), killed_at);
     assert!(report.unexpected.is_empty(), "{report:?}");
     assert!(report.longest < DEADLINE + Duration::from_secs(2), "every request ended within the deadline: {report:?}");
-    let recovered = report.recovered_after.unwrap_or_else(|| panic!("writes never came back on every partition: {report:?}"));
+    let recovered =
+        report.recovered_after.unwrap_or_else(|| panic!("writes never came back on every partition: {report:?}"));
     assert!(recovered <= back_within, "every partition served again after {recovered:?}: {report:?}");
     let missing = missing_acknowledged(&keys, &sent, Duration::from_secs(30)).await;
     assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
@@ -47,7 +48,8 @@ async fn the_only_writer_killed_and_restarted_writes_come_back_within_30_s() {
 #[tokio::test]
 async fn the_leader_of_a_request_partition_killed_under_traffic() {
     let cluster = KafkaCluster::start();
-    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), replication: 3, writers: 2, ..unlimited() };
+    let options =
+        StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), replication: 3, writers: 2, ..unlimited() };
     let stack = Stack::start_with(options).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
@@ -81,11 +83,15 @@ async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
     let exited = stack.terminate_writer(0);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let sent = traffic.stop().await;
-    let (took, status) = tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
+    let (took, status) =
+        tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
     assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
     assert!(took < Duration::from_secs(5), "finished its group, committed and left in {took:?}");
     let report = FaultReport::of(&sent, keys.len(), stopped_at);
-    assert_eq!(report.failed, 0, "no request failed: the partitions moved without waiting for a session timeout: {report:?}");
+    assert_eq!(
+        report.failed, 0,
+        "no request failed: the partitions moved without waiting for a session timeout: {report:?}"
+    );
     assert!(report.longest < SESSION_TIMEOUT / 2, "{report:?}");
     let missing = missing_acknowledged(&keys, &sent, Duration::from_secs(30)).await;
     assert!(missing.is_empty(), "acknowledged but not stored: {missing:?}");
@@ -101,7 +107,8 @@ async fn a_writer_stopped_with_sigterm_while_every_broker_is_down_exits_in_bound
     cluster.kill_all();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let exited = stack.terminate_writer(0);
-    let (took, status) = tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
+    let (took, status) =
+        tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
     assert!(status.is_some(), "the writer exited");
     // The default shutdown timeout is 10 s; the commit and the group leave wait at most that.
     assert!(took < Duration::from_secs(15), "exited after {took:?}");

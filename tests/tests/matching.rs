@@ -6,7 +6,13 @@ use intake_tests::{database, now_ms, Stack};
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// Inserts a visit `age_ms` before now and returns its id.
-async fn visit(workspace_id: &str, visitor: Option<&str>, click: Option<&str>, recipient: Option<&str>, at_ms: i64) -> i64 {
+async fn visit(
+    workspace_id: &str,
+    visitor: Option<&str>,
+    click: Option<&str>,
+    recipient: Option<&str>,
+    at_ms: i64,
+) -> i64 {
     sqlx::query_scalar(
         "INSERT INTO visits (workspace_id, visitor_id, click_id, recipient_id, visited_at, page)
          VALUES ($1, $2, $3, $4, 'epoch'::timestamptz + $5 * interval '1 millisecond', '/pricing') RETURNING id",
@@ -22,11 +28,13 @@ async fn visit(workspace_id: &str, visitor: Option<&str>, click: Option<&str>, r
 }
 
 async fn matches(conversion_id: &Value) -> Vec<(i64, String)> {
-    sqlx::query_as("SELECT visit_id, matched_by FROM conversion_matches WHERE conversion_id = $1 ORDER BY visit_id, matched_by")
-        .bind(conversion_id.as_str().unwrap_or_default())
-        .fetch_all(&database().await)
-        .await
-        .unwrap_or_default()
+    sqlx::query_as(
+        "SELECT visit_id, matched_by FROM conversion_matches WHERE conversion_id = $1 ORDER BY visit_id, matched_by",
+    )
+    .bind(conversion_id.as_str().unwrap_or_default())
+    .fetch_all(&database().await)
+    .await
+    .unwrap_or_default()
 }
 
 fn unique(length: usize) -> String {
@@ -52,7 +60,14 @@ async fn matches_by_visitor_click_and_contact_within_the_window() {
     let reply = stack.post("/v1/conversions", &key, &input).await;
     assert_eq!(reply.status, 201, "{reply:?}");
     let found = matches(&reply.body["conversion"]["id"]).await;
-    assert_eq!(found, vec![(by_visitor, "visitor_id".to_owned()), (by_click, "click_id".to_owned()), (by_contact, "contact_id".to_owned())]);
+    assert_eq!(
+        found,
+        vec![
+            (by_visitor, "visitor_id".to_owned()),
+            (by_click, "click_id".to_owned()),
+            (by_contact, "contact_id".to_owned())
+        ]
+    );
 }
 
 #[tokio::test]
@@ -85,11 +100,17 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
         "phone": "+14155552671", "visitor_id": visitor, "contact_id": contact, "hdyhau": "radio",
         "address": {"line1": "1 Main St", "zip": "94105"}});
     let created = stack.post("/v1/conversions", &key, &input).await;
-    let other = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred})).await;
+    let other = stack
+        .post("/v1/conversions", &key, &json!({"event": "lead", "external_id": unique(10), "occurred_at": occurred}))
+        .await;
     assert_eq!((created.status, other.status), (201, 201));
     assert_eq!(matches(&created.body["conversion"]["id"]).await.len(), 2);
 
-    let erased = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &format!("  {}\n", email.to_uppercase()))
+    let erased = stack
+        .run_writer_command_with_input(
+            &["erase", "--workspace", &ws, "--email"],
+            &format!("  {}\n", email.to_uppercase()),
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(erased, json!({"conversions": 1, "visits": 2}));
     let db = database().await;
@@ -104,16 +125,24 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
         .bind(&ws).fetch_one(&db).await.unwrap_or_default();
     assert_eq!((conversions, visits, audits), (2, 0, 1), "counts stay; visits go; one audit row");
     let audit_text: String = sqlx::query_scalar("SELECT row_to_json(e)::text FROM erasures e WHERE workspace_id = $1")
-        .bind(&ws).fetch_one(&db).await.unwrap_or_default();
+        .bind(&ws)
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
     assert!(!audit_text.to_lowercase().contains(&email.to_lowercase()));
 
-    let again = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email).unwrap_or_else(|e| panic!("{e:#}"));
+    let again = stack
+        .run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(again, json!({"conversions": 0, "visits": 0}));
 
     let resent = stack.post("/v1/conversions", &key, &input).await;
     assert_eq!(resent.body["conversion"]["result"], "updated", "a later send stores the data again");
     let email_hash: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE id = $1")
-        .bind(created.body["conversion"]["id"].as_str().unwrap_or_default()).fetch_one(&db).await.unwrap_or_default();
+        .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
     assert!(email_hash.is_some());
 }
 
@@ -143,11 +172,22 @@ async fn erasure_by_phone_contact_and_visitor_id() {
     // From a file instead of standard input.
     let file = std::env::temp_dir().join(format!("erase-{}", unique(8)));
     std::fs::write(&file, format!("{visitor}\n")).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(erase(&["--visitor-id", "--from", &file.display().to_string()], ""), json!({"conversions": 1, "visits": 1}));
+    assert_eq!(
+        erase(&["--visitor-id", "--from", &file.display().to_string()], ""),
+        json!({"conversions": 1, "visits": 1})
+    );
     let _ = std::fs::remove_file(&file);
-    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws], "x").is_err(), "an identifier kind is required");
-    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email", "--contact-id"], "x").is_err());
-    assert!(stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], "\n").is_err(), "a value is required");
+    assert!(
+        stack.run_writer_command_with_input(&["erase", "--workspace", &ws], "x").is_err(),
+        "an identifier kind is required"
+    );
+    assert!(stack
+        .run_writer_command_with_input(&["erase", "--workspace", &ws, "--email", "--contact-id"], "x")
+        .is_err());
+    assert!(
+        stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], "\n").is_err(),
+        "a value is required"
+    );
     assert!(
         stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email", "a@b.co"], "").is_err(),
         "the value is never an argument"
@@ -169,19 +209,31 @@ async fn erasure_reaches_the_persons_conversions_one_step_out_and_no_further() {
     };
     // A carries the email; B shares A's contact id; C shares B's phone only (two steps away).
     let a = stack.post("/v1/conversions", &key, &send(json!({"email": email, "contact_id": contact}))).await;
-    let b = stack.post("/v1/conversions", &key, &send(json!({"contact_id": contact, "phone": "+14155550100", "visitor_id": visitor}))).await;
+    let b = stack
+        .post(
+            "/v1/conversions",
+            &key,
+            &send(json!({"contact_id": contact, "phone": "+14155550100", "visitor_id": visitor})),
+        )
+        .await;
     let c = stack.post("/v1/conversions", &key, &send(json!({"phone": "+14155550100"}))).await;
     assert_eq!((a.status, b.status, c.status), (201, 201, 201));
     visit(&ws, Some(&visitor), None, None, now_ms() - 5000).await;
 
-    let erased = stack.run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email).unwrap_or_else(|e| panic!("{e:#}"));
+    let erased = stack
+        .run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], &email)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(erased, json!({"conversions": 2, "visits": 1}), "A, and B one step out, and B's visit");
     let cleared = |id: &Value| {
         let id = id.as_str().unwrap_or_default().to_owned();
         async move {
             let row: Vec<Option<String>> = sqlx::query_scalar(
-                "SELECT ARRAY[visitor_id, contact_id, email_sha256, phone_sha256] FROM conversions WHERE id = $1")
-                .bind(id).fetch_one(&database().await).await.unwrap_or_else(|e| panic!("{e}"));
+                "SELECT ARRAY[visitor_id, contact_id, email_sha256, phone_sha256] FROM conversions WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&database().await)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
             row.iter().all(Option::is_none)
         }
     };
@@ -205,7 +257,11 @@ async fn an_update_that_changes_no_matching_input_keeps_the_matches() {
     let id = created.body["conversion"]["id"].clone();
     let visit_id = visit(&ws, Some(&visitor), None, None, occurred - 1000).await;
     sqlx::query("INSERT INTO conversion_matches (conversion_id, visit_id, matched_by) VALUES ($1, $2, 'visitor_id')")
-        .bind(id.as_str().unwrap_or_default()).bind(visit_id).execute(&database().await).await.unwrap_or_else(|e| panic!("{e}"));
+        .bind(id.as_str().unwrap_or_default())
+        .bind(visit_id)
+        .execute(&database().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 
     input["value"] = json!("2");
     input["tags"] = json!({"stage": "won"});

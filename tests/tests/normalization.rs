@@ -38,7 +38,9 @@ async fn post(stack: &Stack, key: &TestKey, body: &Value) -> Answer {
 /// fixed `occurred_at`, so that a re-send with an equal value is unchanged.
 fn conversion_text(external_id: &str, extra: &str) -> String {
     let separator = if extra.is_empty() { "" } else { "," };
-    format!(r#"{{"event":"lead","external_id":"{external_id}","occurred_at":"2025-01-01T00:00:00Z"{separator}{extra}}}"#)
+    format!(
+        r#"{{"event":"lead","external_id":"{external_id}","occurred_at":"2025-01-01T00:00:00Z"{separator}{extra}}}"#
+    )
 }
 
 fn fresh_id() -> String {
@@ -55,7 +57,9 @@ fn detail_paths(error: &Value) -> Vec<&str> {
 
 /// One stored column of a conversion, as text (`NULL` as `None`).
 async fn stored(key: &TestKey, external_id: &str, column: &str) -> Option<String> {
-    let sql = format!("SELECT {column}::text FROM conversions WHERE workspace_id = $1 AND event = 'lead' AND external_id = $2");
+    let sql = format!(
+        "SELECT {column}::text FROM conversions WHERE workspace_id = $1 AND event = 'lead' AND external_id = $2"
+    );
     sqlx::query_scalar::<_, Option<String>>(&sql)
         .bind(&key.workspace_id)
         .bind(external_id)
@@ -92,7 +96,8 @@ async fn zip_digits_of_other_scripts_are_address_unparseable() {
     arabic["address"] = json!({"line1": "1 Main St", "zip": "٩٤١٠٥-١٢٣٤"});
     let mut ascii = conversion("lead");
     ascii["address"] = json!({"line1": "1 Main St", "zip": "94105-1234"});
-    let answer = post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [arabic, ascii]}).to_string()).await;
+    let answer =
+        post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [arabic, ascii]}).to_string()).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["results"][0]["conversion"]["warnings"], json!(["address_unparseable"]));
     assert!(answer.body["results"][1]["conversion"]["warnings"].is_null(), "{}", answer.body);
@@ -127,12 +132,23 @@ async fn control_characters_are_refused_or_make_identifiers_unusable() {
     let key = stack.workspace();
 
     // Stored text: 422 at the field's path, never a 500 from PostgreSQL.
-    for (field, value) in [("tags", json!({"c": "a\u{0}b"})), ("tags", json!({"c": "\u{7f}"})), ("hdyhau", json!("a\u{0}b")),
-        ("contact_id", json!("c\u{1b}")), ("external_id", json!("x\u{0}")), ("parent_external_id", json!("\u{1f}p"))] {
+    for (field, value) in [
+        ("tags", json!({"c": "a\u{0}b"})),
+        ("tags", json!({"c": "\u{7f}"})),
+        ("hdyhau", json!("a\u{0}b")),
+        ("contact_id", json!("c\u{1b}")),
+        ("external_id", json!("x\u{0}")),
+        ("parent_external_id", json!("\u{1f}p")),
+    ] {
         let mut input = conversion("lead");
         input[field] = value;
         let answer = post(&stack, &key, &input).await;
-        assert_eq!((answer.status, answer.body["error"]["code"].as_str()), (422, Some("validation_failed")), "{field}: {}", answer.body);
+        assert_eq!(
+            (answer.status, answer.body["error"]["code"].as_str()),
+            (422, Some("validation_failed")),
+            "{field}: {}",
+            answer.body
+        );
         let path = if field == "tags" { "tags.c" } else { field };
         assert_eq!(detail_paths(&answer.body["error"]), vec![path]);
         assert_eq!(answer.body["error"]["request_id"].as_str(), answer.request_id.as_deref());
@@ -157,7 +173,8 @@ async fn control_characters_are_refused_or_make_identifiers_unusable() {
     let mut bad = conversion("lead");
     bad["tags"] = json!({"c": "a\u{0}b"});
     let good = conversion("lead");
-    let answer = post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [bad, good]}).to_string()).await;
+    let answer =
+        post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [bad, good]}).to_string()).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(detail_paths(&answer.body["results"][0]["error"]), vec!["tags.c"]);
     assert_eq!(answer.body["results"][1]["conversion"]["result"], "created");
@@ -168,31 +185,53 @@ async fn control_characters_are_refused_or_make_identifiers_unusable() {
 async fn value_as_a_json_number_is_kept_exactly() {
     let stack = Stack::start().await;
     let key = stack.workspace();
-    for (number, expected) in [("0.1", "0.1"), ("123456789.123456", "123456789.123456"), ("1000000000", "1000000000"),
-        ("999999999.999999", "999999999.999999"), ("12.50", "12.5"), ("1.25e1", "12.5"), ("1e-05", "0.00001")] {
+    for (number, expected) in [
+        ("0.1", "0.1"),
+        ("123456789.123456", "123456789.123456"),
+        ("1000000000", "1000000000"),
+        ("999999999.999999", "999999999.999999"),
+        ("12.50", "12.5"),
+        ("1.25e1", "12.5"),
+        ("1e-05", "0.00001"),
+    ] {
         let external_id = fresh_id();
-        let answer = post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, &format!(r#""value":{number}"#))).await;
+        let answer =
+            post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, &format!(r#""value":{number}"#)))
+                .await;
         assert_eq!(answer.status, 201, "{number}: {}", answer.body);
         assert_eq!(stored(&key, &external_id, "value").await.as_deref(), Some(expected), "{number}");
     }
 
     // "12.50" and 12.5 are the same value: the re-send is unchanged.
     let external_id = fresh_id();
-    let as_string = post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, r#""value":"12.50""#)).await;
+    let as_string =
+        post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, r#""value":"12.50""#)).await;
     assert_eq!(as_string.status, 201, "{}", as_string.body);
     let as_number = post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, r#""value":12.5"#)).await;
     assert_eq!(as_number.body["conversion"]["result"], "unchanged", "{}", as_number.body);
 
     // More than 6 decimals, out of range, or an f64 look-alike of an allowed value: refused.
     for number in ["0.1234567", "0.10000000000000001", "1000000000.5", "1e10", "-0.5", "1e400"] {
-        let answer = post_text(&stack, "/v1/conversions", &key, conversion_text(&fresh_id(), &format!(r#""value":{number}"#))).await;
-        assert_eq!((answer.status, detail_paths(&answer.body["error"])), (422, vec!["value"]), "{number}: {}", answer.body);
+        let answer =
+            post_text(&stack, "/v1/conversions", &key, conversion_text(&fresh_id(), &format!(r#""value":{number}"#)))
+                .await;
+        assert_eq!(
+            (answer.status, detail_paths(&answer.body["error"])),
+            (422, vec!["value"]),
+            "{number}: {}",
+            answer.body
+        );
     }
     // external_id as a JSON number must be an integer in range.
     for number in ["123.0", "1e3", "9007199254740992"] {
         let body = format!(r#"{{"event":"lead","external_id":{number},"occurred_at":{}}}"#, now_ms());
         let answer = post_text(&stack, "/v1/conversions", &key, body).await;
-        assert_eq!((answer.status, detail_paths(&answer.body["error"])), (422, vec!["external_id"]), "{number}: {}", answer.body);
+        assert_eq!(
+            (answer.status, detail_paths(&answer.body["error"])),
+            (422, vec!["external_id"]),
+            "{number}: {}",
+            answer.body
+        );
     }
 }
 
@@ -225,7 +264,8 @@ async fn details_are_capped_per_item_and_per_response() {
     let answer = post_text(&stack, "/v1/conversions/batch", &key, body).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     let results = answer.body["results"].as_array().cloned().unwrap_or_default();
-    let lists: Vec<usize> = results.iter().map(|item| item["error"]["details"].as_array().map_or(0, Vec::len)).collect();
+    let lists: Vec<usize> =
+        results.iter().map(|item| item["error"]["details"].as_array().map_or(0, Vec::len)).collect();
     assert_eq!(lists.len(), 500);
     assert_eq!(lists.iter().sum::<usize>(), 1000);
     assert!(lists.iter().all(|&count| (1..=20).contains(&count)), "{lists:?}");

@@ -11,18 +11,37 @@ fn minute_ago() -> String {
 #[tokio::test]
 async fn workspace_and_key_commands_print_json_and_fail_clearly() {
     let stack = Stack::start().await;
-    let workspace = stack.run_writer_command(&["workspace", "create", "--name", "Acme", "--project-id", "prj_1", "--site-restriction", "listed", "--site", "a.example", "--site", "b.example"])
+    let workspace = stack
+        .run_writer_command(&[
+            "workspace",
+            "create",
+            "--name",
+            "Acme",
+            "--project-id",
+            "prj_1",
+            "--site-restriction",
+            "listed",
+            "--site",
+            "a.example",
+            "--site",
+            "b.example",
+        ])
         .unwrap_or_else(|e| panic!("{e:#}"));
     let id = workspace["id"].as_str().unwrap_or_default().to_owned();
     assert!(id.starts_with("ws_"));
     assert_eq!(workspace.as_object().map(|o| o.len()), Some(1));
-    let key = stack.run_writer_command(&["key", "create", "--workspace", &id, "--scopes", "workspace:read"]).unwrap_or_else(|e| panic!("{e:#}"));
+    let key = stack
+        .run_writer_command(&["key", "create", "--workspace", &id, "--scopes", "workspace:read"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(key["id"].as_str().is_some_and(|k| k.starts_with("key_")));
     let secret = key["secret"].as_str().unwrap_or_default();
     assert!(secret.starts_with("svc_live_") && secret.len() >= 9 + 32, "{secret}");
     assert_eq!(key["scopes"], json!(["workspace:read"]));
     let stored: Vec<u8> = sqlx::query_scalar("SELECT secret_sha256 FROM api_keys WHERE id = $1")
-        .bind(key["id"].as_str()).fetch_one(&database().await).await.unwrap_or_default();
+        .bind(key["id"].as_str())
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or_default();
     assert_eq!(stored.len(), 32, "only the SHA-256 of the secret is stored");
 
     let reply = stack.send(reqwest::Method::GET, "/v1/workspace", Some(&format!("Bearer {secret}")), None).await;
@@ -30,8 +49,13 @@ async fn workspace_and_key_commands_print_json_and_fail_clearly() {
     assert_eq!(reply.body["workspace"]["projectId"], "prj_1");
     assert_eq!(reply.body["sites"].as_array().map(Vec::len), Some(2));
 
-    for bad in [vec!["key", "create", "--workspace", "ws_nope"], vec!["key", "create", "--workspace", &id, "--scopes", "admin"],
-        vec!["workspace", "suspend", "ws_nope"], vec!["key", "revoke", "key_nope"], vec!["workspace", "create", "--name", "x", "--site-restriction", "some"]] {
+    for bad in [
+        vec!["key", "create", "--workspace", "ws_nope"],
+        vec!["key", "create", "--workspace", &id, "--scopes", "admin"],
+        vec!["workspace", "suspend", "ws_nope"],
+        vec!["key", "revoke", "key_nope"],
+        vec!["workspace", "create", "--name", "x", "--site-restriction", "some"],
+    ] {
         let error = stack.run_writer_command(&bad).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("failed"), "{bad:?} should fail");
     }
@@ -54,17 +78,29 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
     let db = database().await;
     let lost = inputs[1]["external_id"].as_str().unwrap_or_default();
     sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
-        .bind(&key.workspace_id).bind(lost).execute(&db).await.unwrap_or_else(|e| panic!("{e}"));
+        .bind(&key.workspace_id)
+        .bind(lost)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-        .bind(&key.workspace_id).bind(lost).execute(&db).await.unwrap_or_else(|e| panic!("{e}"));
+        .bind(&key.workspace_id)
+        .bind(lost)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let replayed = stack.run_writer_command(&["replay", "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(replayed, json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0}));
     let back: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id).fetch_one(&db).await.unwrap_or(-1);
+        .bind(&key.workspace_id)
+        .fetch_one(&db)
+        .await
+        .unwrap_or(-1);
     assert_eq!(back, 3);
 
     let partition_of_first: i64 = 0;
-    let by_offset = stack.run_writer_command(&["replay", "--partition", "0", "--from-offset", &partition_of_first.to_string()]);
+    let by_offset =
+        stack.run_writer_command(&["replay", "--partition", "0", "--from-offset", &partition_of_first.to_string()]);
     assert!(by_offset.is_ok(), "{by_offset:?}");
     assert!(stack.run_writer_command(&["replay"]).is_err(), "a start is required");
 }
@@ -74,11 +110,18 @@ async fn workspace_list_and_key_list_show_no_secret() {
     let stack = Stack::start().await;
     let key = stack.workspace();
     let listed = stack.run_writer_command(&["workspace", "list"]).unwrap_or_else(|e| panic!("{e:#}"));
-    let ours = listed["workspaces"].as_array().and_then(|all| all.iter().find(|w| w["id"] == json!(key.workspace_id)).cloned());
+    let ours = listed["workspaces"]
+        .as_array()
+        .and_then(|all| all.iter().find(|w| w["id"] == json!(key.workspace_id)).cloned());
     let ours = ours.unwrap_or_else(|| panic!("the new workspace is listed: {listed}"));
-    assert_eq!((ours["status"].clone(), ours["sites"].clone(), ours["deleted"].clone()), (json!("active"), json!(["shop.example"]), json!(false)));
+    assert_eq!(
+        (ours["status"].clone(), ours["sites"].clone(), ours["deleted"].clone()),
+        (json!("active"), json!(["shop.example"]), json!(false))
+    );
     stack.run_writer_command(&["key", "revoke", &key.key_id]).unwrap_or_else(|e| panic!("{e:#}"));
-    let keys = stack.run_writer_command(&["key", "list", "--workspace", &key.workspace_id]).unwrap_or_else(|e| panic!("{e:#}"));
+    let keys = stack
+        .run_writer_command(&["key", "list", "--workspace", &key.workspace_id])
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(keys["keys"][0]["id"], json!(key.key_id));
     assert_eq!(keys["keys"][0]["revoked"], json!(true));
     assert_eq!(keys["keys"][0]["scopes"], json!(["workspace:read", "conversions:write"]));
@@ -107,6 +150,8 @@ async fn dlq_inspect_shows_reasons_and_sources_but_no_identifier() {
     assert_eq!(letter["workspace_id"], json!("ws_missing_workspace"));
     assert_eq!(letter["items"], json!(1));
     assert!(letter["age_seconds"].as_i64().is_some_and(|age| age >= 0));
-    let email_hash = intake_common::normalize::email_hash("dead.letter@example.com").map(|h| h.as_str().to_owned()).unwrap_or_default();
+    let email_hash = intake_common::normalize::email_hash("dead.letter@example.com")
+        .map(|h| h.as_str().to_owned())
+        .unwrap_or_default();
     assert!(!inspected.to_string().contains(&email_hash), "no hash is printed");
 }

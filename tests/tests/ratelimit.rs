@@ -72,17 +72,28 @@ async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
     let batch = |n: usize| json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()});
     let mut with_invalid = batch(7);
     with_invalid["conversions"][3] = json!({"event": "bad!"});
-    assert_eq!(stack.post("/v1/conversions/batch", &key, &with_invalid).await.status, 200, "7 counted, invalid ones too");
+    assert_eq!(
+        stack.post("/v1/conversions/batch", &key, &with_invalid).await.status,
+        200,
+        "7 counted, invalid ones too"
+    );
     let refused = stack.post("/v1/conversions/batch", &key, &batch(4)).await;
     assert_rate_limited(&refused);
-    assert_eq!(stack.post("/v1/conversions/batch", &key, &batch(2)).await.status, 200, "the refused 4 were not counted: 9");
+    assert_eq!(
+        stack.post("/v1/conversions/batch", &key, &batch(2)).await.status,
+        200,
+        "the refused 4 were not counted: 9"
+    );
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201, "10");
     assert_rate_limited(&stack.post("/v1/conversions", &key, &conversion("lead")).await);
     let invalid = stack.post("/v1/conversions", &key, &json!({"event": "x"})).await;
     assert_eq!(invalid.error_code(), "validation_failed", "validation comes before the conversion limit");
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not conversions");
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id).fetch_one(&database().await).await.unwrap_or(-1);
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or(-1);
     assert_eq!(stored, 6 + 2 + 1, "nothing of the refused writes was written");
 }
 
@@ -121,7 +132,12 @@ fn start_redis(port: u16) -> Redis {
 async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
     let port = intake_tests::free_port();
     let redis = start_redis(port);
-    let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 5, ..Default::default() }).await;
+    let stack = Stack::start_with(StackOptions {
+        redis_url: Some(format!("redis://127.0.0.1:{port}")),
+        requests_per_minute: 5,
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
     start_of_a_window(25).await;
     for _ in 0..5 {
@@ -136,9 +152,19 @@ async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
         assert_eq!(reply.status, 201, "fail open: {reply:?}");
         assert!(started.elapsed() < Duration::from_secs(1), "no stall");
     }
-    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"))
-        .text().await.unwrap_or_default();
-    assert!(metrics.lines().any(|l| l.starts_with("intake_gateway_redis_fail_open_total") && !l.ends_with(" 0")), "{metrics}");
+    let metrics = stack
+        .http
+        .get(format!("{}/metrics", stack.ops_url))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("intake_gateway_redis_fail_open_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
     let warnings = stack.logs().matches("rate limiter unavailable").count();
     assert!((1..=3).contains(&warnings), "warned at most once per interval, got {warnings}");
 
@@ -158,7 +184,12 @@ async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
 #[tokio::test]
 async fn redis_back_after_an_outage_counts_again() {
     let port = intake_tests::free_port();
-    let stack = Stack::start_with(StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 3, ..Default::default() }).await;
+    let stack = Stack::start_with(StackOptions {
+        redis_url: Some(format!("redis://127.0.0.1:{port}")),
+        requests_per_minute: 3,
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
     start_of_a_window(20).await;
     for _ in 0..6 {

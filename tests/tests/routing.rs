@@ -8,10 +8,19 @@ use reqwest::Method;
 async fn unknown_paths_are_not_found_with_the_error_object() {
     let stack = Stack::start().await;
     let key = stack.workspace();
-    let cases = [(Method::GET, "/"), (Method::GET, "/v1"), (Method::GET, "/v1/"), (Method::GET, "/api/v1"),
-        (Method::GET, "/v1/conversions"), (Method::POST, "/v1/workspace"), (Method::DELETE, "/v1/conversions"),
-        (Method::GET, "/v1/conversions/cnv_1"), (Method::POST, "/v2/conversions"), (Method::GET, "/favicon.ico"),
-        (Method::PUT, "/api/v1/conversions/batch")];
+    let cases = [
+        (Method::GET, "/"),
+        (Method::GET, "/v1"),
+        (Method::GET, "/v1/"),
+        (Method::GET, "/api/v1"),
+        (Method::GET, "/v1/conversions"),
+        (Method::POST, "/v1/workspace"),
+        (Method::DELETE, "/v1/conversions"),
+        (Method::GET, "/v1/conversions/cnv_1"),
+        (Method::POST, "/v2/conversions"),
+        (Method::GET, "/favicon.ico"),
+        (Method::PUT, "/api/v1/conversions/batch"),
+    ];
     for (method, path) in cases {
         for authorization in [None, Some(key.bearer())] {
             let reply = stack.send(method.clone(), path, authorization.as_deref(), None).await;

@@ -34,10 +34,16 @@ async fn two_writers_share_the_work_and_every_reply_reaches_its_gateway() {
     let db = database().await;
     for key in &keys {
         let count: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-            .bind(&key.workspace_id).fetch_one(&db).await.unwrap_or(-1);
+            .bind(&key.workspace_id)
+            .fetch_one(&db)
+            .await
+            .unwrap_or(-1);
         assert_eq!(count, 5 + 30, "each conversion stored once");
     }
-    let created_shared = replies.iter().filter(|(n, r)| *n == 0 && r.status == 201 && r.body["conversion"]["external_id"] == shared["external_id"]).count();
+    let created_shared = replies
+        .iter()
+        .filter(|(n, r)| *n == 0 && r.status == 201 && r.body["conversion"]["external_id"] == shared["external_id"])
+        .count();
     assert_eq!(created_shared, 1, "the pair sent concurrently is created exactly once");
     let writers_logged = stack.logs().matches("writer consuming").count();
     assert_eq!(writers_logged, 2);

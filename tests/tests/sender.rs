@@ -85,7 +85,10 @@ fn write_csv(path: &Path, rows: impl Iterator<Item = String>) {
 
 /// Runs the command (off the test's runtime) and returns its output.
 async fn run(mut command: Command, stdin: Option<String>) -> Output {
-    command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     tokio::task::spawn_blocking(move || {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("starting intake-send: {e}"));
         if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
@@ -103,7 +106,8 @@ async fn run(mut command: Command, stdin: Option<String>) -> Output {
 fn summary(output: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    intake_tests::serde_json::from_str(last).unwrap_or_else(|_| panic!("no JSON summary last: {stdout:?} {}", stderr(output)))
+    intake_tests::serde_json::from_str(last)
+        .unwrap_or_else(|_| panic!("no JSON summary last: {stdout:?} {}", stderr(output)))
 }
 
 fn stderr(output: &Output) -> String {
@@ -173,24 +177,26 @@ async fn a_backfill_of_100000_csv_rows_stores_the_valid_ones_and_rejects_the_oth
     let expected: BTreeSet<String> = (0..rows).filter(|i| Invalid::of(*i).is_none()).map(external_id).collect();
     assert_eq!(stored.len(), expected.len());
     assert!(stored == expected, "the stored rows are not the valid rows");
-    let (email, address, tags, value, parent): (Option<String>, Option<String>, Value, String, Option<String>) = sqlx::query_as(
-        "SELECT email_sha256, address_sha256, tags, value::text, parent_external_id FROM conversions
+    let (email, address, tags, value, parent): (Option<String>, Option<String>, Value, String, Option<String>) =
+        sqlx::query_as(
+            "SELECT email_sha256, address_sha256, tags, value::text, parent_external_id FROM conversions
          WHERE workspace_id = $1 AND external_id = 'R000010'",
+        )
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(email.is_some() && address.is_some(), "email and address.* cells were hashed and stored");
+    assert_eq!(tags, json!({"plan": "pro", "source": "crm"}));
+    assert_eq!(value.parse::<f64>().ok(), Some(10.5));
+    assert_eq!(parent, None, "an empty cell is omitted");
+    let child_parent: Option<String> = sqlx::query_scalar(
+        "SELECT parent_external_id FROM conversions WHERE workspace_id = $1 AND external_id = 'R000011'",
     )
     .bind(&key.workspace_id)
     .fetch_one(&database().await)
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    assert!(email.is_some() && address.is_some(), "email and address.* cells were hashed and stored");
-    assert_eq!(tags, json!({"plan": "pro", "source": "crm"}));
-    assert_eq!(value.parse::<f64>().ok(), Some(10.5));
-    assert_eq!(parent, None, "an empty cell is omitted");
-    let child_parent: Option<String> =
-        sqlx::query_scalar("SELECT parent_external_id FROM conversions WHERE workspace_id = $1 AND external_id = 'R000011'")
-            .bind(&key.workspace_id)
-            .fetch_one(&database().await)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(child_parent.as_deref(), Some("R000010"));
 
     // The rejects file: exactly the invalid rows, as they were, with their error.
@@ -207,8 +213,14 @@ async fn a_backfill_of_100000_csv_rows_stores_the_valid_ones_and_rejects_the_oth
         let error = row.last().cloned().unwrap_or_default();
         assert!(error.starts_with(&format!("{}: ", problem.code())), "{row:?}");
         match problem {
-            Invalid::ExtraCell => assert_eq!(row.len(), expected_header.len() + 1, "the row is written back as it was: {row:?}"),
-            _ => assert_eq!(row[..row.len() - 1].join(","), csv_line(index, occurred_at), "the row is written back as it was"),
+            Invalid::ExtraCell => {
+                assert_eq!(row.len(), expected_header.len() + 1, "the row is written back as it was: {row:?}")
+            }
+            _ => assert_eq!(
+                row[..row.len() - 1].join(","),
+                csv_line(index, occurred_at),
+                "the row is written back as it was"
+            ),
         }
         match problem {
             Invalid::Event => assert!(error.contains("event: "), "{error}"),
@@ -237,7 +249,8 @@ async fn a_forced_rate_limit_is_waited_out_with_retry_after() {
     let batch: Vec<Value> = (0..500).map(|_| intake_tests::conversion("lead")).collect();
     let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await;
     assert_eq!(reply.status, 200, "{reply:?}");
-    let window_left = 60 - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
+    let window_left =
+        60 - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
 
     let dir = temp_dir();
     let input = dir.join("rows.csv");
@@ -255,7 +268,10 @@ async fn a_forced_rate_limit_is_waited_out_with_retry_after() {
     assert_eq!(summary["created"], json!(rows), "{summary}");
     assert_eq!(summary["failed"], json!(0), "{summary}");
     assert!(summary["retries"].as_u64().is_some_and(|r| r > 0), "429s were retried: {summary}");
-    assert!(took + Duration::from_secs(2) >= Duration::from_secs(window_left), "it waited for the window: {took:?} of {window_left} s");
+    assert!(
+        took + Duration::from_secs(2) >= Duration::from_secs(window_left),
+        "it waited for the window: {took:?} of {window_left} s"
+    );
     assert_eq!(stored_ids(&key).await.len(), 500 + rows);
     assert_key_never_shown(&output, &key);
     let _ = std::fs::remove_dir_all(&dir);
@@ -300,7 +316,8 @@ async fn json_lines_from_standard_input_with_rejects_and_a_second_run_unchanged(
         .map(|line| intake_tests::serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
         .collect();
     assert_eq!(rejected.len(), 3, "{rejected:?}");
-    let by_code = |code: &str| rejected.iter().filter(|r| r["_error"]["code"] == json!(code)).cloned().collect::<Vec<_>>();
+    let by_code =
+        |code: &str| rejected.iter().filter(|r| r["_error"]["code"] == json!(code)).cloned().collect::<Vec<_>>();
     let unparsable = by_code("invalid_json");
     assert_eq!(unparsable.len(), 1, "{rejected:?}");
     assert_eq!(unparsable[0]["_line"], json!("{\"event\": \"lead\", oops"));
@@ -336,7 +353,9 @@ async fn json_lines_from_standard_input_with_rejects_and_a_second_run_unchanged(
 #[tokio::test]
 async fn server_errors_are_retried_until_the_writer_answers() {
     // No writer yet: every write times out with 500 internal_error after 1 s.
-    let mut stack = Stack::start_with(StackOptions { start_writer: false, write_timeout_ms: 1_000, ..StackOptions::default() }).await;
+    let mut stack =
+        Stack::start_with(StackOptions { start_writer: false, write_timeout_ms: 1_000, ..StackOptions::default() })
+            .await;
     let key = stack.workspace();
     let dir = temp_dir();
     let input = dir.join("rows.csv");
@@ -382,7 +401,9 @@ async fn an_unreachable_service_fails_every_row_after_the_retries() {
     assert_eq!(summary["retries"], json!(4), "two batches, two retries each: {summary}");
     let (_, rejected) = read_rejects_csv(&rejects);
     assert_eq!(rejected.len(), 150);
-    assert!(rejected.iter().all(|r| r.last().is_some_and(|e| e.starts_with("connection_failed: ") && e.contains("gave up after 2 retries"))));
+    assert!(rejected.iter().all(|r| r
+        .last()
+        .is_some_and(|e| e.starts_with("connection_failed: ") && e.contains("gave up after 2 retries"))));
     let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), stderr(&output));
     assert!(!printed.contains("svc_live_secret_of_the_test"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -4,7 +4,11 @@ use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, join_all, Stack, StackOptions};
 use std::time::Duration;
 
-async fn stored(workspace_id: &str, event: &str, external_id: &str) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
+async fn stored(
+    workspace_id: &str,
+    event: &str,
+    external_id: &str,
+) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
     sqlx::query_as("SELECT id, value::text, hdyhau, currency FROM conversions WHERE workspace_id = $1 AND event = $2 AND external_id = $3")
         .bind(workspace_id)
         .bind(event)
@@ -66,7 +70,10 @@ async fn omitted_null_and_empty_fields_keep_stored_values() {
 
     let row = stored(&key.workspace_id, "lead", input["external_id"].as_str().unwrap_or_default()).await;
     let (_, value, hdyhau, currency) = row.unwrap_or_else(|| panic!("not stored"));
-    assert_eq!((value.as_deref(), hdyhau.as_deref(), currency.as_deref()), (Some("12.5"), Some("a podcast"), Some("EUR")));
+    assert_eq!(
+        (value.as_deref(), hdyhau.as_deref(), currency.as_deref()),
+        (Some("12.5"), Some("a podcast"), Some("EUR"))
+    );
 }
 
 #[tokio::test]
@@ -74,10 +81,22 @@ async fn integer_and_string_external_id_are_one_conversion() {
     let stack = Stack::start().await;
     let key = stack.workspace();
     let number = (intake_tests::now_ms() % 1_000_000_000) as u64;
-    let first = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": number, "occurred_at": intake_tests::now_ms()})).await;
+    let first = stack
+        .post(
+            "/v1/conversions",
+            &key,
+            &json!({"event": "lead", "external_id": number, "occurred_at": intake_tests::now_ms()}),
+        )
+        .await;
     assert_eq!(first.status, 201);
     assert_eq!(first.body["conversion"]["external_id"], json!(number.to_string()));
-    let second = stack.post("/v1/conversions", &key, &json!({"event": "lead", "external_id": number.to_string(), "occurred_at": intake_tests::now_ms()})).await;
+    let second = stack
+        .post(
+            "/v1/conversions",
+            &key,
+            &json!({"event": "lead", "external_id": number.to_string(), "occurred_at": intake_tests::now_ms()}),
+        )
+        .await;
     assert_eq!(second.status, 200, "{second:?}");
     assert_eq!(second.body["conversion"]["id"], first.body["conversion"]["id"]);
 }
@@ -88,7 +107,11 @@ async fn workspaces_are_isolated() {
     let (a, b) = (stack.workspace(), stack.workspace());
     let input = conversion("lead");
     assert_eq!(stack.post("/v1/conversions", &a, &input).await.status, 201);
-    assert_eq!(stack.post("/v1/conversions", &b, &input).await.status, 201, "same pair, other workspace: a new conversion");
+    assert_eq!(
+        stack.post("/v1/conversions", &b, &input).await.status,
+        201,
+        "same pair, other workspace: a new conversion"
+    );
 }
 
 #[tokio::test]
@@ -131,7 +154,8 @@ async fn a_writer_restarted_between_two_sends_keeps_the_conversion() {
 
 #[tokio::test]
 async fn no_writer_before_the_deadline_is_500_and_the_write_is_applied_later() {
-    let mut stack = Stack::start_with(StackOptions { write_timeout_ms: 1_500, start_writer: false, ..Default::default() }).await;
+    let mut stack =
+        Stack::start_with(StackOptions { write_timeout_ms: 1_500, start_writer: false, ..Default::default() }).await;
     let key = stack.workspace();
     let input = conversion("lead");
     let timed_out = stack.post("/v1/conversions", &key, &input).await;

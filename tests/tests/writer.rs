@@ -48,7 +48,8 @@ async fn a_message_that_always_fails_is_dead_lettered_with_its_reasons_and_skipp
         assert!(letter.get("source_offset").is_some_and(|o| o.parse::<i64>().is_ok()), "{letter:?}");
         assert_eq!(letter.get("attempts").map(String::as_str), Some("3"), "{letter:?}");
     }
-    let metrics = stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await.unwrap_or_else(|e| panic!("{e}"));
+    let metrics =
+        stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await.unwrap_or_else(|e| panic!("{e}"));
     let text = metrics.text().await.unwrap_or_default();
     assert!(text.contains(r#"intake_writer_dead_lettered_total{reason="apply_failed"} 2"#), "{text}");
 }
@@ -62,7 +63,15 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     assert_eq!(ready.status(), 200, "a writer in the group is ready");
     let batch: Vec<_> = (0..30).map(|_| conversion("lead")).collect();
     assert_eq!(stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await.status, 200);
-    let text = stack.http.get(format!("{ops}/metrics")).send().await.unwrap_or_else(|e| panic!("{e}")).text().await.unwrap_or_default();
+    let text = stack
+        .http
+        .get(format!("{ops}/metrics"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
     for expected in [
         r#"intake_writer_items_total{result="created"} 30"#,
         r#"intake_writer_messages_total{outcome="applied"} 1"#,
@@ -96,19 +105,30 @@ async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newe
         input["value"] = json!(value);
         input
     };
-    let from = (time::OffsetDateTime::now_utc() - time::Duration::minutes(1)).format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    let from = (time::OffsetDateTime::now_utc() - time::Duration::minutes(1))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
     assert_eq!(stack.post("/v1/conversions", &key, &send(&x, "1")).await.status, 500, "dead-lettered");
     assert_eq!(stack.post("/v1/conversions", &key, &send(&y, "1")).await.status, 500, "dead-lettered");
-    sqlx::raw_sql(&format!("DROP TRIGGER {function} ON conversions; DROP FUNCTION {function}();")).execute(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::raw_sql(&format!("DROP TRIGGER {function} ON conversions; DROP FUNCTION {function}();"))
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(stack.post("/v1/conversions", &key, &send(&x, "2")).await.status, 201, "the client's later send");
 
     let dlq = format!("{}.requests.dlq", stack.topic_prefix);
-    let drained = stack.run_writer_command(&["replay", "--topic", &dlq, "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
+    let drained = stack
+        .run_writer_command(&["replay", "--topic", &dlq, "--from-time", &from])
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(drained, json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1}));
     let value = |id: String| {
         let db = db.clone();
         async move {
-            sqlx::query_scalar::<_, String>("SELECT value::text FROM conversions WHERE external_id = $1").bind(id).fetch_one(&db).await.unwrap_or_default()
+            sqlx::query_scalar::<_, String>("SELECT value::text FROM conversions WHERE external_id = $1")
+                .bind(id)
+                .fetch_one(&db)
+                .await
+                .unwrap_or_default()
         }
     };
     assert_eq!(value(x.clone()).await, "2", "the newer value stays");

@@ -122,7 +122,8 @@ pub async fn list_workspaces(pool: &PgPool) -> anyhow::Result<Value> {
 /// A workspace's keys, never their secrets (only a hash is stored anyway):
 /// `{"keys": [{id, scopes, created_at, revoked}]}`.
 pub async fn list_keys(pool: &PgPool, workspace_id: &str) -> anyhow::Result<Value> {
-    let exists: Option<String> = sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1").bind(workspace_id).fetch_optional(pool).await?;
+    let exists: Option<String> =
+        sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1").bind(workspace_id).fetch_optional(pool).await?;
     if exists.is_none() {
         bail!("no workspace {workspace_id}");
     }

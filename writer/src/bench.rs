@@ -29,7 +29,8 @@ pub struct Settings {
 /// "latencies_us"}` with the time of each batch's transaction.
 pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(&settings.from)?;
-    let batches: Vec<Vec<WriteRequestV1>> = text.lines().filter(|l| !l.trim().is_empty()).map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let batches: Vec<Vec<WriteRequestV1>> =
+        text.lines().filter(|l| !l.trim().is_empty()).map(serde_json::from_str).collect::<Result<_, _>>()?;
     anyhow::ensure!(!batches.is_empty(), "{} holds no batch", settings.from.display());
     let batches = Arc::new(batches);
     let next = Arc::new(AtomicUsize::new(0));
@@ -103,10 +104,20 @@ mod tests {
     fn request(id: &str, items: &[Value]) -> WriteRequestV1 {
         let items = items
             .iter()
-            .map(|i| intake_common::validate::validate_conversion(&i.into(), intake_common::config::now_ms()).map(|v| v.conversion))
+            .map(|i| {
+                intake_common::validate::validate_conversion(&i.into(), intake_common::config::now_ms())
+                    .map(|v| v.conversion)
+            })
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_default();
-        WriteRequestV1 { correlation_id: id.into(), reply_partition: 0, deadline_ms: 0, received_at_ms: 0, workspace_id: "ws".into(), items }
+        WriteRequestV1 {
+            correlation_id: id.into(),
+            reply_partition: 0,
+            deadline_ms: 0,
+            received_at_ms: 0,
+            workspace_id: "ws".into(),
+            items,
+        }
     }
 
     #[test]

@@ -47,14 +47,20 @@ type WriterConsumer = StreamConsumer<WriterContext>;
 
 /// Runs until `shutdown` turns true; the groups in hand are finished (or, if one is stuck on an
 /// outage, left uncommitted for the next writer), the offsets are committed and the group left.
-pub async fn run(pool: PgPool, settings: Settings, health: Arc<Health>, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let consumer: WriterConsumer =
-        kafka::writer_consumer(&settings.kafka, &settings.group_id).create_with_context(WriterContext(health.clone()))?;
+pub async fn run(
+    pool: PgPool,
+    settings: Settings,
+    health: Arc<Health>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let consumer: WriterConsumer = kafka::writer_consumer(&settings.kafka, &settings.group_id)
+        .create_with_context(WriterContext(health.clone()))?;
     consumer.subscribe(&[&settings.kafka.requests_topic])?;
     let consumer = Arc::new(consumer);
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
-    let observer = tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
+    let observer =
+        tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
     let lane_count = settings.lanes.max(1);
     let worker = Arc::new(Worker { pool, producer, metrics: health.metrics.clone(), settings });
     tracing::info!(topic = %worker.settings.kafka.requests_topic, group = %worker.settings.group_id, lanes = lane_count, "writer consuming");
@@ -136,7 +142,13 @@ struct LaneSignals {
 /// At shutdown it finishes the group in hand and leaves the rest uncommitted. Messages read
 /// before a rebalance are dropped unapplied: the partition's owner reads them again from the
 /// committed offset.
-async fn lane(worker: Arc<Worker>, consumer: Arc<WriterConsumer>, health: Arc<Health>, mut receiver: mpsc::Receiver<Received>, signals: LaneSignals) {
+async fn lane(
+    worker: Arc<Worker>,
+    consumer: Arc<WriterConsumer>,
+    health: Arc<Health>,
+    mut receiver: mpsc::Receiver<Received>,
+    signals: LaneSignals,
+) {
     let LaneSignals { mut shutdown, mut abort } = signals;
     loop {
         let first = tokio::select! {
@@ -153,7 +165,8 @@ async fn lane(worker: Arc<Worker>, consumer: Arc<WriterConsumer>, health: Arc<He
             }
         }
         let generation = health.assignment_generation();
-        let messages: Vec<OwnedMessage> = group.into_iter().filter(|r| r.generation == generation).map(|r| r.message).collect();
+        let messages: Vec<OwnedMessage> =
+            group.into_iter().filter(|r| r.generation == generation).map(|r| r.message).collect();
         if messages.is_empty() {
             continue;
         }
@@ -161,7 +174,10 @@ async fn lane(worker: Arc<Worker>, consumer: Arc<WriterConsumer>, health: Arc<He
             return; // shutting down with messages unfinished: they stay uncommitted
         }
         if health.assignment_generation() != generation {
-            tracing::info!(messages = messages.len(), "a rebalance came while applying; offsets left to the partitions' owners");
+            tracing::info!(
+                messages = messages.len(),
+                "a rebalance came while applying; offsets left to the partitions' owners"
+            );
             continue;
         }
         for message in &messages {
@@ -216,7 +232,11 @@ struct DeadLetter<'a> {
 }
 
 impl Worker {
-    async fn handle_group(&self, messages: &[OwnedMessage], shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    async fn handle_group(
+        &self,
+        messages: &[OwnedMessage],
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
         let mut readable = Vec::with_capacity(messages.len());
         for message in messages {
             let payload = message.payload().unwrap_or_default();
@@ -227,7 +247,14 @@ impl Worker {
                     let letter = DeadLetter { reason: "unreadable", error: error.to_string(), attempts: 1, message };
                     self.dead_letter(letter, shutdown).await?;
                     if let Ok(envelope) = serde_json::from_slice::<Envelope>(payload) {
-                        self.reply(&envelope.correlation_id, envelope.reply_partition, None, ChunkOutcome::Failed, shutdown).await?;
+                        self.reply(
+                            &envelope.correlation_id,
+                            envelope.reply_partition,
+                            None,
+                            ChunkOutcome::Failed,
+                            shutdown,
+                        )
+                        .await?;
                     }
                 }
             }
@@ -265,7 +292,9 @@ impl Worker {
         let requests: Vec<&WriteRequestV1> = group.iter().map(|(_, request)| request).collect();
         let once = Policy { max_attempts: 1, ..self.settings.policy };
         match once.run("apply", &self.metrics, None, shutdown, || store::apply_chunks(&self.pool, &requests)).await {
-            Ok(applied) => Ok(Some(applied.into_iter().map(|a| (ChunkOutcome::Applied { results: a.results }, a.first_time)).collect())),
+            Ok(applied) => Ok(Some(
+                applied.into_iter().map(|a| (ChunkOutcome::Applied { results: a.results }, a.first_time)).collect(),
+            )),
             Err(Stop::GaveUp { .. }) => Ok(None),
             Err(Stop::Interrupted) => Err(Interrupted),
         }
@@ -279,7 +308,10 @@ impl Worker {
         message: &OwnedMessage,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(ChunkOutcome, bool), Interrupted> {
-        let applying = self.settings.policy.run("apply", &self.metrics, None, shutdown, || store::apply_chunk(&self.pool, request));
+        let applying = self
+            .settings
+            .policy
+            .run("apply", &self.metrics, None, shutdown, || store::apply_chunk(&self.pool, request));
         match applying.await {
             Ok(applied) => Ok((ChunkOutcome::Applied { results: applied.results }, applied.first_time)),
             Err(Stop::GaveUp { error, attempts }) => {
@@ -319,7 +351,11 @@ impl Worker {
     /// Sends every reply at once; a reply that fails is tried again through the policy until
     /// its request's deadline, after which nobody waits for it (the gateway answered 500 and the
     /// client's re-send reads the stored result).
-    async fn reply_all(&self, replies: Vec<(&WriteRequestV1, ChunkOutcome)>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    async fn reply_all(
+        &self,
+        replies: Vec<(&WriteRequestV1, ChunkOutcome)>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
         let mut deliveries = Vec::with_capacity(replies.len());
         for (request, outcome) in &replies {
             let payload = reply_payload(&request.correlation_id, outcome.clone());
@@ -367,7 +403,12 @@ impl Worker {
         }
     }
 
-    fn reply_record<'a>(&'a self, correlation_id: &'a str, partition: i32, payload: &'a [u8]) -> FutureRecord<'a, str, [u8]> {
+    fn reply_record<'a>(
+        &'a self,
+        correlation_id: &'a str,
+        partition: i32,
+        payload: &'a [u8],
+    ) -> FutureRecord<'a, str, [u8]> {
         FutureRecord::to(&self.settings.kafka.replies_topic).partition(partition).key(correlation_id).payload(payload)
     }
 
@@ -375,9 +416,14 @@ impl Worker {
     /// it is retried for as long as it lasts (the message is not skipped without its copy); if
     /// the dead-letter topic refuses it for good, the message is skipped and logged with its
     /// partition and offset: it stays in the requests topic for `intake-writer replay`.
-    async fn dead_letter(&self, letter: DeadLetter<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    async fn dead_letter(
+        &self,
+        letter: DeadLetter<'_>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
         let message = letter.message;
-        let (partition, offset, attempts) = (message.partition().to_string(), message.offset().to_string(), letter.attempts.to_string());
+        let (partition, offset, attempts) =
+            (message.partition().to_string(), message.offset().to_string(), letter.attempts.to_string());
         let mut headers = OwnedHeaders::new();
         for (key, value) in [
             ("reason", letter.reason),
@@ -441,7 +487,10 @@ async fn observe(pool: PgPool, consumer: Arc<WriterConsumer>, group_id: String, 
         if let Ok(Some(members)) = members {
             metrics.group_members.set(i64::try_from(members).unwrap_or(i64::MAX));
         }
-        let rows: Result<f32, _> = sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE relname = 'applied_messages'").fetch_one(&pool).await;
+        let rows: Result<f32, _> =
+            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE relname = 'applied_messages'")
+                .fetch_one(&pool)
+                .await;
         if let Ok(rows) = rows {
             metrics.applied_messages_rows.set(rows.max(0.0) as i64);
         }

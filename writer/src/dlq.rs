@@ -13,7 +13,8 @@ use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Headers printed as they are; any other header is left out.
-const SHOWN_HEADERS: [&str; 7] = ["reason", "error", "source_topic", "source_partition", "source_offset", "attempts", "request_id"];
+const SHOWN_HEADERS: [&str; 7] =
+    ["reason", "error", "source_topic", "source_partition", "source_offset", "attempts", "request_id"];
 
 pub fn inspect(kafka_args: &KafkaArgs, limit: usize) -> anyhow::Result<Value> {
     let topic = &kafka_args.dlq_topic;

@@ -90,7 +90,10 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
     let mut tx = pool.begin().await?;
     // The same lock as a chunk write: an erasure never interleaves with a write of the workspace.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(workspace_id).execute(&mut *tx).await?;
-    let exists: Option<String> = sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1").bind(workspace_id).fetch_optional(&mut *tx).await?;
+    let exists: Option<String> = sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1")
+        .bind(workspace_id)
+        .fetch_optional(&mut *tx)
+        .await?;
     if exists.is_none() {
         bail!("no workspace {workspace_id}");
     }
@@ -138,7 +141,10 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)").bind(&conversion_ids).execute(&mut *tx).await?;
+    sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)")
+        .bind(&conversion_ids)
+        .execute(&mut *tx)
+        .await?;
     let conversions = sqlx::query(
         "UPDATE conversions SET visitor_id = NULL, click_id = NULL, contact_id = NULL, email_sha256 = NULL,
                 phone_sha256 = NULL, address_sha256 = NULL, hdyhau = NULL, updated_at = now()

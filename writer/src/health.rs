@@ -69,10 +69,7 @@ impl Health {
 
     /// Holds a partition with lag that made no progress for the stall timeout.
     pub fn stalled(&self) -> bool {
-        let stalled = self
-            .lock()
-            .values()
-            .any(|p| p.lag > 0 && p.progressed_at.elapsed() > self.stall_timeout);
+        let stalled = self.lock().values().any(|p| p.lag > 0 && p.progressed_at.elapsed() > self.stall_timeout);
         self.metrics.stalled.set(i64::from(stalled));
         stalled
     }

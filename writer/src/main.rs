@@ -202,9 +202,15 @@ enum WorkspaceCommand {
         #[arg(long = "site")]
         sites: Vec<String>,
     },
-    Suspend { id: String },
-    Resume { id: String },
-    Delete { id: String },
+    Suspend {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -216,7 +222,9 @@ enum KeyCommand {
         #[arg(long, value_delimiter = ',', default_value = "workspace:read,conversions:write")]
         scopes: Vec<String>,
     },
-    Revoke { id: String },
+    Revoke {
+        id: String,
+    },
     /// Prints {"keys": [{id, scopes, created_at, revoked}]}; never a secret.
     List {
         #[arg(long)]
@@ -250,11 +258,22 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             sqlx::migrate!("../migrations").run(&pool).await?;
             Ok(json!({ "migrated": true }))
         }
-        Command::Run { database, kafka, group_id, max_attempts, remember_applied_hours, ops_listen, stall_timeout_ms, apply_lanes, shutdown_timeout_ms } => {
+        Command::Run {
+            database,
+            kafka,
+            group_id,
+            max_attempts,
+            remember_applied_hours,
+            ops_listen,
+            stall_timeout_ms,
+            apply_lanes,
+            shutdown_timeout_ms,
+        } => {
             // Lazy: a writer started while PostgreSQL is down waits for it (the retry policy).
             let pool = store::connect_lazy(&database.url, database.pool_size)?;
             let metrics = Arc::new(metrics::Metrics::new());
-            let health = health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
+            let health =
+                health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
             tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
             let (stop, shutdown) = watch::channel(false);
             let signalled = health.clone();
@@ -268,28 +287,54 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 kafka,
                 group_id,
                 remember_applied: Duration::from_secs(remember_applied_hours * 3600),
-                policy: retry::Policy { max_attempts, first_backoff: Duration::from_millis(50), max_backoff: Duration::from_secs(5) },
+                policy: retry::Policy {
+                    max_attempts,
+                    first_backoff: Duration::from_millis(50),
+                    max_backoff: Duration::from_secs(5),
+                },
                 lanes: usize::from(apply_lanes),
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
             consume::run(pool, settings, health, shutdown).await?;
             Ok(json!({ "stopped": true }))
         }
-        Command::Topics { kafka, request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms } => {
-            let counts = topics::TopicCounts { request_partitions, reply_partitions, replication, min_insync_replicas, retention_ms };
+        Command::Topics {
+            kafka,
+            request_partitions,
+            reply_partitions,
+            replication,
+            min_insync_replicas,
+            retention_ms,
+        } => {
+            let counts = topics::TopicCounts {
+                request_partitions,
+                reply_partitions,
+                replication,
+                min_insync_replicas,
+                retention_ms,
+            };
             topics::create_topics(&kafka, &counts).await
         }
-        Command::Dlq { command: DlqCommand::Inspect { limit }, kafka } => tokio::task::block_in_place(|| dlq::inspect(&kafka, limit)),
+        Command::Dlq { command: DlqCommand::Inspect { limit }, kafka } => {
+            tokio::task::block_in_place(|| dlq::inspect(&kafka, limit))
+        }
         Command::Workspace { command, database } => {
             let pool = store::connect(&database.url, 1).await?;
             match command {
                 WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
-                    admin::create_workspace(&pool, admin::NewWorkspace { name, project_id, site_restriction, sites }).await
+                    admin::create_workspace(&pool, admin::NewWorkspace { name, project_id, site_restriction, sites })
+                        .await
                 }
                 WorkspaceCommand::List => admin::list_workspaces(&pool).await,
-                WorkspaceCommand::Suspend { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Suspend).await,
-                WorkspaceCommand::Resume { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await,
-                WorkspaceCommand::Delete { id } => admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await,
+                WorkspaceCommand::Suspend { id } => {
+                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Suspend).await
+                }
+                WorkspaceCommand::Resume { id } => {
+                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await
+                }
+                WorkspaceCommand::Delete { id } => {
+                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await
+                }
             }
         }
         Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database } => {
@@ -309,7 +354,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
         }
         Command::BenchApply { from, seconds, concurrency, database } => {
             let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
-            bench::apply_batches(&pool, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency }).await
+            bench::apply_batches(&pool, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency })
+                .await
         }
         Command::Erase { workspace, kind, country, from, database } => {
             let value = erase::read_value(from.as_deref())?;

@@ -71,17 +71,41 @@ impl Metrics {
             applied_messages_rows: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register("consumer_lag", "Messages not yet applied, per assigned partition", metrics.consumer_lag.clone());
-        registry.register("assigned_partitions", "Partitions of the requests topic this writer holds", metrics.assigned_partitions.clone());
+        registry.register(
+            "consumer_lag",
+            "Messages not yet applied, per assigned partition",
+            metrics.consumer_lag.clone(),
+        );
+        registry.register(
+            "assigned_partitions",
+            "Partitions of the requests topic this writer holds",
+            metrics.assigned_partitions.clone(),
+        );
         registry.register("group_members", "Writers in the consumer group", metrics.group_members.clone());
         registry.register("stalled", "1 while partitions with lag make no progress", metrics.stalled.clone());
         registry.register("messages", "Request messages answered, by outcome", metrics.messages.clone());
         registry.register("items", "Conversions applied, by result", metrics.items.clone());
         registry.register("apply_seconds", "Time to apply one group of messages", metrics.apply_seconds.clone());
-        registry.register("transient_retries", "Retries through an outage, by operation", metrics.transient_retries.clone());
-        registry.register("dead_lettered", "Messages copied to the dead-letter topic, by reason", metrics.dead_lettered.clone());
-        registry.register("replies_dropped", "Replies given up on after their deadline", metrics.replies_dropped.clone());
-        registry.register("applied_messages_rows", "Rows of applied_messages (estimate)", metrics.applied_messages_rows.clone());
+        registry.register(
+            "transient_retries",
+            "Retries through an outage, by operation",
+            metrics.transient_retries.clone(),
+        );
+        registry.register(
+            "dead_lettered",
+            "Messages copied to the dead-letter topic, by reason",
+            metrics.dead_lettered.clone(),
+        );
+        registry.register(
+            "replies_dropped",
+            "Replies given up on after their deadline",
+            metrics.replies_dropped.clone(),
+        );
+        registry.register(
+            "applied_messages_rows",
+            "Rows of applied_messages (estimate)",
+            metrics.applied_messages_rows.clone(),
+        );
         Metrics { registry, ..metrics }
     }
 

@@ -39,7 +39,10 @@ impl Fields {
             sent.or_else(|| stored.clone())
         }
         Fields {
-            parent_external_id: pick(item.parent_external_id.as_ref().map(|p| p.as_str().to_owned()), &self.parent_external_id),
+            parent_external_id: pick(
+                item.parent_external_id.as_ref().map(|p| p.as_str().to_owned()),
+                &self.parent_external_id,
+            ),
             occurred_at_ms: item.occurred_at_ms,
             visitor_id: pick(item.visitor_id.clone(), &self.visitor_id),
             click_id: pick(item.click_id.clone(), &self.click_id),

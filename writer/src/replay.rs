@@ -6,8 +6,8 @@ use crate::store;
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
 use intake_common::conversion::Conversion;
-use intake_common::message::{WriteRequest, WriteRequestV1};
 use intake_common::kafka;
+use intake_common::message::{WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -34,7 +34,13 @@ pub enum Newer {
     Keep,
 }
 
-pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start, newer: Newer) -> anyhow::Result<Value> {
+pub async fn replay(
+    pool: &PgPool,
+    kafka: &KafkaArgs,
+    topic: &str,
+    start: Start,
+    newer: Newer,
+) -> anyhow::Result<Value> {
     let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
     let ranges = ranges(&consumer, topic, start)?;
     let (mut applied, mut already, mut failed, mut messages, mut kept_newer) = (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -64,12 +70,12 @@ pub async fn replay(pool: &PgPool, kafka: &KafkaArgs, topic: &str, start: Start,
                         }
                     }
                     match store::apply_chunk(pool, &request).await {
-                    Ok(outcome) if outcome.first_time => applied += 1,
-                    Ok(_) => already += 1,
-                    Err(error) => {
-                        failed += 1;
-                        tracing::error!(%error, partition, offset = message.offset(), "replayed message failed");
-                    }
+                        Ok(outcome) if outcome.first_time => applied += 1,
+                        Ok(_) => already += 1,
+                        Err(error) => {
+                            failed += 1;
+                            tracing::error!(%error, partition, offset = message.offset(), "replayed message failed");
+                        }
                     }
                 }
                 Err(error) => {

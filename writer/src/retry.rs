@@ -32,7 +32,11 @@ impl Classify for sqlx::Error {
             sqlx::Error::Database(db) => db.code().is_some_and(|code| is_outage_sqlstate(&code)),
             _ => false,
         };
-        if outage { Failure::Outage } else { Failure::Permanent }
+        if outage {
+            Failure::Outage
+        } else {
+            Failure::Permanent
+        }
     }
 }
 
@@ -43,7 +47,10 @@ impl Classify for sqlx::Error {
 /// Not 57014 (statement timeout, query cancelled): a chunk that always times out would retry
 /// forever.
 fn is_outage_sqlstate(code: &str) -> bool {
-    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || matches!(code, "25006" | "40001" | "40P01")
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57P")
+        || matches!(code, "25006" | "40001" | "40P01")
 }
 
 impl Classify for KafkaError {
@@ -71,7 +78,11 @@ impl Classify for KafkaError {
                 | RDKafkaErrorCode::NotCoordinator
                 | RDKafkaErrorCode::CoordinatorNotAvailable
         );
-        if outage { Failure::Outage } else { Failure::Permanent }
+        if outage {
+            Failure::Outage
+        } else {
+            Failure::Permanent
+        }
     }
 }
 

@@ -14,11 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
-        .max_connections(pool_size)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(url)
-        .await
+    PgPoolOptions::new().max_connections(pool_size).acquire_timeout(Duration::from_secs(5)).connect(url).await
 }
 
 /// A pool that connects when first used, so that a writer can start while PostgreSQL is away.
@@ -87,7 +83,8 @@ async fn apply_workspace(
     let mut previous: HashMap<String, Vec<ItemResult>> =
         previous.into_iter().filter_map(|(id, results)| Some((id?, results?.0))).collect();
 
-    let fresh: Vec<&WriteRequestV1> = requests.iter().copied().filter(|r| !previous.contains_key(&r.correlation_id)).collect();
+    let fresh: Vec<&WriteRequestV1> =
+        requests.iter().copied().filter(|r| !previous.contains_key(&r.correlation_id)).collect();
     let mut fresh_results = HashMap::new();
     if !fresh.is_empty() {
         let items: Vec<plan::Item<'_>> = fresh
@@ -105,7 +102,9 @@ async fn apply_workspace(
         }
         let texts: Vec<String> = fresh
             .iter()
-            .map(|r| serde_json::to_string(&fresh_results[r.correlation_id.as_str()]).unwrap_or_else(|_| "[]".to_owned()))
+            .map(|r| {
+                serde_json::to_string(&fresh_results[r.correlation_id.as_str()]).unwrap_or_else(|_| "[]".to_owned())
+            })
             .collect();
         sqlx::query(
             "INSERT INTO applied_messages (correlation_id, workspace_id, results)
@@ -121,7 +120,10 @@ async fn apply_workspace(
         .iter()
         .map(|r| match previous.remove(&r.correlation_id) {
             Some(results) => Applied { results, first_time: false },
-            None => Applied { results: fresh_results.remove(r.correlation_id.as_str()).unwrap_or_default(), first_time: true },
+            None => Applied {
+                results: fresh_results.remove(r.correlation_id.as_str()).unwrap_or_default(),
+                first_time: true,
+            },
         })
         .collect())
 }
@@ -134,7 +136,8 @@ async fn fetch_related(
 ) -> Result<Vec<StoredConversion>, sqlx::Error> {
     let external_ids: Vec<&str> = items.iter().map(|item| item.conversion.external_id.as_str()).collect();
     let mut ids_and_parents = external_ids.clone();
-    ids_and_parents.extend(items.iter().filter_map(|item| item.conversion.parent_external_id.as_ref().map(|p| p.as_str())));
+    ids_and_parents
+        .extend(items.iter().filter_map(|item| item.conversion.parent_external_id.as_ref().map(|p| p.as_str())));
     let rows = sqlx::query(
         "SELECT id, event, external_id, chain_id, parent_external_id,
                 (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
@@ -276,7 +279,11 @@ const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 /// Recomputes the visit matches of the written conversions: by the 16-character visitor id,
 /// by click id, and by contact id against the visit's recipient id; visits at or before
 /// `occurred_at` and within 90 days of it. Two statements per chunk.
-async fn match_visits(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, writes: &[plan::Write]) -> Result<(), sqlx::Error> {
+async fn match_visits(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace_id: &str,
+    writes: &[plan::Write],
+) -> Result<(), sqlx::Error> {
     // Only rows whose matching inputs changed: a new value or tag keeps the matches it has.
     let writes: Vec<&plan::Write> = writes.iter().filter(|w| w.rematch).collect();
     if writes.is_empty() {

@@ -31,7 +31,9 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
         NewTopic::new(&kafka.dlq_topic, 1, replication()),
     ]
     .map(|topic| topic.set("retention.ms", &retention).set("min.insync.replicas", &min_insync));
-    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30))).operation_timeout(Some(Duration::from_secs(30)));
+    let options = AdminOptions::new()
+        .request_timeout(Some(Duration::from_secs(30)))
+        .operation_timeout(Some(Duration::from_secs(30)));
     let (mut created, mut existing) = (Vec::new(), Vec::new());
     // A controller that is slow (a cluster still electing, a loaded machine) times the request
     // out; asking again is safe: what was created meanwhile answers TopicAlreadyExists.
@@ -41,7 +43,9 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
     let results = loop {
         attempts += 1;
         match admin.create_topics(&topics, &options).await {
-            Err(error) if attempts < 4 => tracing::warn!(%error, attempts, "creating the topics timed out; asking again"),
+            Err(error) if attempts < 4 => {
+                tracing::warn!(%error, attempts, "creating the topics timed out; asking again")
+            }
             Ok(results)
                 if attempts < 30
                     && results.iter().any(|r| matches!(r, Err((_, RDKafkaErrorCode::InvalidReplicationFactor)))) =>

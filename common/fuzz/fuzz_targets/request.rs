@@ -9,7 +9,9 @@
 
 use intake_common::conversion::{Conversion, ValidConversion};
 use intake_common::message::{WriteRequest, WriteRequestV1, MAX_CHUNK_ITEMS};
-use intake_common::validate::{validate_batch, validate_conversion, Invalid, Json, MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE};
+use intake_common::validate::{
+    validate_batch, validate_conversion, Invalid, Json, MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE,
+};
 use libfuzzer_sys::fuzz_target;
 
 const NOW_MS: i64 = 1_780_000_000_000;
@@ -71,8 +73,19 @@ fn check_valid(valid: &ValidConversion) {
     let control = |text: &str| text.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}');
     let mut texts = vec![conversion.event.as_str(), conversion.external_id.as_str()];
     texts.extend(conversion.parent_external_id.as_ref().map(|id| id.as_str()));
-    texts.extend([&conversion.visitor_id, &conversion.click_id, &conversion.contact_id, &conversion.country,
-        &conversion.currency, &conversion.hdyhau].into_iter().flatten().map(String::as_str));
+    texts.extend(
+        [
+            &conversion.visitor_id,
+            &conversion.click_id,
+            &conversion.contact_id,
+            &conversion.country,
+            &conversion.currency,
+            &conversion.hdyhau,
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str),
+    );
     texts.extend(conversion.tags.iter().flatten().flat_map(|(key, value)| [key.as_str(), value.as_str()]));
     for text in texts {
         assert!(!control(text), "control character in stored text {text:?}");
@@ -85,7 +98,10 @@ fn check_valid(valid: &ValidConversion) {
         let (whole, fraction) = value.as_str().split_once('.').unwrap_or((value.as_str(), ""));
         assert!(!whole.is_empty() && whole.len() <= 10 && whole.bytes().all(|b| b.is_ascii_digit()), "value {value:?}");
         assert!(whole == "0" || !whole.starts_with('0'), "value {value:?}");
-        assert!(fraction.len() <= 6 && fraction.bytes().all(|b| b.is_ascii_digit()) && !fraction.ends_with('0'), "value {value:?}");
+        assert!(
+            fraction.len() <= 6 && fraction.bytes().all(|b| b.is_ascii_digit()) && !fraction.ends_with('0'),
+            "value {value:?}"
+        );
     }
 }
 

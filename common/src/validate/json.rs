@@ -72,7 +72,8 @@ impl<'a> Object<'a> {
     /// Each name once with its last value, sorted by name. Sorting keeps a body of many
     /// fields at O(n log n); `get` is for the few known names.
     pub fn entries(&self) -> Vec<(&str, &Json<'a>)> {
-        let mut entries: Vec<(&str, &Json<'a>)> = self.fields.iter().map(|(name, value)| (name.as_ref(), value)).collect();
+        let mut entries: Vec<(&str, &Json<'a>)> =
+            self.fields.iter().map(|(name, value)| (name.as_ref(), value)).collect();
         // Stable: among equal names the sent order stays, and the last one sent is kept.
         entries.sort_by(|a, b| a.0.cmp(b.0));
         let mut unique: Vec<(&str, &Json<'a>)> = Vec::with_capacity(entries.len());
@@ -271,7 +272,12 @@ mod tests {
             Json::Array(items) => format!("[{}]", items.iter().map(normalized).collect::<Vec<_>>().join(",")),
             Json::Object(object) => format!(
                 "{{{}}}",
-                object.entries().iter().map(|(name, value)| format!("{name:?}:{}", normalized(value))).collect::<Vec<_>>().join(",")
+                object
+                    .entries()
+                    .iter()
+                    .map(|(name, value)| format!("{name:?}:{}", normalized(value)))
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
         }
     }

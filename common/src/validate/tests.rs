@@ -50,7 +50,10 @@ fn assert_field_rejects(field: &str, bad: &[Value]) {
 #[test]
 fn serde_jsons_raw_value_name_is_an_unknown_field() {
     let inner = r#"{"event": "Lead", "external_id": "e1", "occurred_at": 1780000000000}"#;
-    assert_eq!(paths(&json!({ "$serde_json::private::RawValue": inner })), ["$serde_json::private::RawValue", "event", "external_id", "occurred_at"]);
+    assert_eq!(
+        paths(&json!({ "$serde_json::private::RawValue": inner })),
+        ["$serde_json::private::RawValue", "event", "external_id", "occurred_at"]
+    );
 }
 
 #[test]
@@ -67,7 +70,10 @@ fn event_rules() {
     for good in ["a", "LEAD", "qualified_lead_2", &"x".repeat(40)] {
         ok(&with("event", json!(good)));
     }
-    assert_field_rejects("event", &[json!("a-b"), json!("a b"), json!("é"), json!("x".repeat(41)), json!(1), json!(true)]);
+    assert_field_rejects(
+        "event",
+        &[json!("a-b"), json!("a b"), json!("é"), json!("x".repeat(41)), json!(1), json!(true)],
+    );
     assert_eq!(paths(&with("event", json!(""))), vec!["event"], "empty is not sent, and event is required");
 }
 
@@ -85,9 +91,20 @@ fn external_id_string_and_integer_are_one_id() {
 
 #[test]
 fn external_id_rules() {
-    let bad = [json!(-1), json!(9_007_199_254_740_992_u64), json!(123.0), json!(1e3), json!(1.5),
-        json!("x".repeat(129)), json!("a\u{0}b"), json!("tab\there"), json!("del\u{7f}"), json!(true),
-        json!([1]), json!({"a": 1})];
+    let bad = [
+        json!(-1),
+        json!(9_007_199_254_740_992_u64),
+        json!(123.0),
+        json!(1e3),
+        json!(1.5),
+        json!("x".repeat(129)),
+        json!("a\u{0}b"),
+        json!("tab\there"),
+        json!("del\u{7f}"),
+        json!(true),
+        json!([1]),
+        json!({"a": 1}),
+    ];
     assert_field_rejects("external_id", &bad);
     assert_field_rejects("parent_external_id", &bad);
     assert_eq!(
@@ -99,7 +116,10 @@ fn external_id_rules() {
 #[test]
 fn missing_required_fields_are_all_reported() {
     assert_eq!(paths(&json!({})), vec!["event", "external_id", "occurred_at"]);
-    assert_eq!(paths(&json!({"event": null, "external_id": "", "occurred_at": null})), vec!["event", "external_id", "occurred_at"]);
+    assert_eq!(
+        paths(&json!({"event": null, "external_id": "", "occurred_at": null})),
+        vec!["event", "external_id", "occurred_at"]
+    );
 }
 
 #[test]
@@ -135,27 +155,36 @@ fn occurred_at_forms() {
 
 #[test]
 fn occurred_at_malformed() {
-    assert_field_rejects("occurred_at", &[
-        json!("2026-01-02T03:04:05"),        // no zone
-        json!("2026-01-02"),                 // no time
-        json!("2026-02-30T00:00:00Z"),       // no such date
-        json!("2026-13-01T00:00:00Z"),
-        json!("yesterday"),
-        json!("176732304500"),               // 12 digits
-        json!("17673230450000"),             // 14 digits
-        json!(999_999_999_999_i64),          // below the integer range
-        json!(100_000_000_000_001_i64),      // above it
-        json!(1_767_323_045_000.5),
-        json!(-1),
-        json!(true),
-    ]);
+    assert_field_rejects(
+        "occurred_at",
+        &[
+            json!("2026-01-02T03:04:05"),  // no zone
+            json!("2026-01-02"),           // no time
+            json!("2026-02-30T00:00:00Z"), // no such date
+            json!("2026-13-01T00:00:00Z"),
+            json!("yesterday"),
+            json!("176732304500"),          // 12 digits
+            json!("17673230450000"),        // 14 digits
+            json!(999_999_999_999_i64),     // below the integer range
+            json!(100_000_000_000_001_i64), // above it
+            json!(1_767_323_045_000.5),
+            json!(-1),
+            json!(true),
+        ],
+    );
 }
 
 #[test]
 fn occurred_at_out_of_range() {
     let future = NOW_MS + FUTURE_TOLERANCE_MS + 1;
-    for input in [json!("1999-12-31T23:59:59.999Z"), json!(future), json!("0000000000000"), json!(100_000_000_000_000_i64)] {
-        assert_eq!(validate_conversion(&with("occurred_at", input.clone()), NOW_MS), Err(Invalid::OccurredAtOutOfRange), "{input}");
+    for input in
+        [json!("1999-12-31T23:59:59.999Z"), json!(future), json!("0000000000000"), json!(100_000_000_000_000_i64)]
+    {
+        assert_eq!(
+            validate_conversion(&with("occurred_at", input.clone()), NOW_MS),
+            Err(Invalid::OccurredAtOutOfRange),
+            "{input}"
+        );
     }
     for input in [json!("2000-01-01T00:00:00Z"), json!(NOW_MS + FUTURE_TOLERANCE_MS)] {
         ok(&with("occurred_at", input));
@@ -173,7 +202,16 @@ fn out_of_range_is_reported_only_when_nothing_else_is_wrong() {
 fn visitor_click_contact_ids() {
     ok(&with("visitor_id", json!("abcdEFGH1234_-xy")));
     ok(&with("visitor_id", json!("abcdEFGH1234_-xy.12345678")));
-    assert_field_rejects("visitor_id", &[json!("short"), json!("abcdEFGH1234_-xy.1234567"), json!("abcdEFGH1234_-x!"), json!("abcdEFGH1234_-xyz"), json!(1)]);
+    assert_field_rejects(
+        "visitor_id",
+        &[
+            json!("short"),
+            json!("abcdEFGH1234_-xy.1234567"),
+            json!("abcdEFGH1234_-x!"),
+            json!("abcdEFGH1234_-xyz"),
+            json!(1),
+        ],
+    );
     ok(&with("click_id", json!("abcDEF123456")));
     assert_field_rejects("click_id", &[json!("abcDEF12345"), json!("abcDEF1234567"), json!("abcDEF12345_")]);
     ok(&with("contact_id", json!("c".repeat(128))));
@@ -192,15 +230,43 @@ fn country_currency_hdyhau() {
 
 #[test]
 fn value_is_an_exact_decimal() {
-    let cases = [(json!(12.5), "12.5"), (json!("12.50"), "12.5"), (json!("0012"), "12"), (json!(0), "0"),
-        (json!(1_000_000_000), "1000000000"), (json!("9999999999.999999"), "9999999999.999999"),
-        (json!(0.1), "0.1"), (json!("0.000000"), "0"), (json!(999_999_999.123_456), "999999999.123456")];
+    let cases = [
+        (json!(12.5), "12.5"),
+        (json!("12.50"), "12.5"),
+        (json!("0012"), "12"),
+        (json!(0), "0"),
+        (json!(1_000_000_000), "1000000000"),
+        (json!("9999999999.999999"), "9999999999.999999"),
+        (json!(0.1), "0.1"),
+        (json!("0.000000"), "0"),
+        (json!(999_999_999.123_456), "999999999.123456"),
+    ];
     for (input, expected) in cases {
-        assert_eq!(ok(&with("value", input.clone())).conversion.value.map(|d| d.0).as_deref(), Some(expected), "{input}");
+        assert_eq!(
+            ok(&with("value", input.clone())).conversion.value.map(|d| d.0).as_deref(),
+            Some(expected),
+            "{input}"
+        );
     }
-    assert_field_rejects("value", &[json!(-1), json!(-0.5), json!(1_000_000_000.5), json!(1_000_000_001),
-        json!("1.1234567"), json!("12345678901"), json!("-1"), json!("1e3"), json!(".5"), json!("5."), json!(true),
-        json!("٩"), json!("１２"), json!("1\u{a0}")]);
+    assert_field_rejects(
+        "value",
+        &[
+            json!(-1),
+            json!(-0.5),
+            json!(1_000_000_000.5),
+            json!(1_000_000_001),
+            json!("1.1234567"),
+            json!("12345678901"),
+            json!("-1"),
+            json!("1e3"),
+            json!(".5"),
+            json!("5."),
+            json!(true),
+            json!("٩"),
+            json!("１２"),
+            json!("1\u{a0}"),
+        ],
+    );
 }
 
 /// A body as the gateway reads it: JSON numbers keep their text.
@@ -210,11 +276,21 @@ fn parsed(text: &str) -> Value {
 
 #[test]
 fn value_as_a_json_number_is_read_from_its_text() {
-    let cases = [("0.1", "0.1"), ("123456789.123456", "123456789.123456"), ("1000000000", "1000000000"),
-        ("12.50", "12.5"), ("1.25e1", "12.5"), ("1e-05", "0.00001"), ("0.30000000000000004e0", ""),
-        ("999999999.999999", "999999999.999999"), ("12.5000000", "12.5"), ("-0", "0")];
+    let cases = [
+        ("0.1", "0.1"),
+        ("123456789.123456", "123456789.123456"),
+        ("1000000000", "1000000000"),
+        ("12.50", "12.5"),
+        ("1.25e1", "12.5"),
+        ("1e-05", "0.00001"),
+        ("0.30000000000000004e0", ""),
+        ("999999999.999999", "999999999.999999"),
+        ("12.5000000", "12.5"),
+        ("-0", "0"),
+    ];
     for (number, expected) in cases {
-        let input = parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
+        let input =
+            parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
         let value = validate_conversion(&input, NOW_MS).ok().and_then(|valid| valid.conversion.value).map(|d| d.0);
         let expected = (!expected.is_empty()).then(|| expected.to_owned());
         assert_eq!(value, expected, "{number}");
@@ -227,7 +303,8 @@ fn value_as_a_json_number_is_read_from_its_text() {
 #[test]
 fn numbers_that_f64_cannot_hold_are_refused_or_kept_exactly() {
     for number in ["0.1234567", "0.10000000000000001", "1000000000.0000001", "1e400", "-1e-400", "1e-7"] {
-        let input = parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
+        let input =
+            parsed(&format!(r#"{{"event":"lead","external_id":"x","occurred_at":1767323045000,"value":{number}}}"#));
         assert_eq!(paths(&input), vec!["value"], "{number}");
     }
 }
@@ -266,8 +343,17 @@ fn tag_values_with_control_characters_are_refused() {
 
 #[test]
 fn every_stored_text_field_refuses_control_characters() {
-    for field in ["external_id", "parent_external_id", "contact_id", "hdyhau", "event", "visitor_id", "click_id",
-        "country", "currency"] {
+    for field in [
+        "external_id",
+        "parent_external_id",
+        "contact_id",
+        "hdyhau",
+        "event",
+        "visitor_id",
+        "click_id",
+        "country",
+        "currency",
+    ] {
         for bad in ["a\u{0}b", "ab\u{1f}", "\u{7f}ab"] {
             assert_eq!(paths(&with(field, json!(bad))), vec![field], "{field} = {bad:?}");
         }
@@ -308,8 +394,20 @@ fn phone_with_an_unknown_country_still_parses_with_a_plus() {
 
 #[test]
 fn null_and_empty_optional_fields_are_not_sent() {
-    for field in ["parent_external_id", "visitor_id", "click_id", "contact_id", "email", "phone", "country",
-        "address", "value", "currency", "hdyhau", "tags"] {
+    for field in [
+        "parent_external_id",
+        "visitor_id",
+        "click_id",
+        "contact_id",
+        "email",
+        "phone",
+        "country",
+        "address",
+        "value",
+        "currency",
+        "hdyhau",
+        "tags",
+    ] {
         assert_eq!(ok(&with(field, json!(null))), ok(&base()), "{field}: null");
         assert_eq!(ok(&with(field, json!(""))), ok(&base()), "{field}: empty");
     }
@@ -350,7 +448,10 @@ fn unusable_identifiers_become_warnings() {
     input["address"] = json!({"line1": "1 Main St", "zip": "ABCDE"});
     let valid = ok(&input);
     assert_eq!(valid.warnings, vec![Warning::EmailInvalid, Warning::PhoneUnparseable, Warning::AddressUnparseable]);
-    assert_eq!((valid.conversion.email_sha256, valid.conversion.phone_sha256, valid.conversion.address_sha256), (None, None, None));
+    assert_eq!(
+        (valid.conversion.email_sha256, valid.conversion.phone_sha256, valid.conversion.address_sha256),
+        (None, None, None)
+    );
 }
 
 #[test]
@@ -364,7 +465,10 @@ fn address_rules() {
     let address = |value: Value| with("address", value);
     assert_eq!(paths(&address(json!({"zip": "94105"}))), vec!["address.line1"]);
     assert_eq!(paths(&address(json!({"line1": "", "zip": ""}))), vec!["address.line1", "address.zip"]);
-    assert_eq!(paths(&address(json!({"line1": "x".repeat(201), "zip": "1".repeat(17)}))), vec!["address.line1", "address.zip"]);
+    assert_eq!(
+        paths(&address(json!({"line1": "x".repeat(201), "zip": "1".repeat(17)}))),
+        vec!["address.line1", "address.zip"]
+    );
     assert_eq!(paths(&address(json!({"line1": "1 Main", "zip": "94105", "country": "USA"}))), vec!["address.country"]);
     assert_eq!(paths(&address(json!("1 Main St"))), vec!["address"]);
     ok(&address(json!({"line1": "x".repeat(200), "zip": "12345", "country": null})));
@@ -400,13 +504,23 @@ fn batch_envelope() {
     let many: Vec<Value> = (0..500).map(|_| base()).collect();
     assert_eq!(batch_len(&json!({"conversions": many})), Ok(500));
     let too_many: Vec<Value> = (0..501).map(|_| base()).collect();
-    let refused = [json!({"conversions": []}), json!({"conversions": too_many}), json!({}),
-        json!({"conversions": {}}), json!({"conversions": [1], "extra": 1}), json!([base()])];
+    let refused = [
+        json!({"conversions": []}),
+        json!({"conversions": too_many}),
+        json!({}),
+        json!({"conversions": {}}),
+        json!({"conversions": [1], "extra": 1}),
+        json!([base()]),
+    ];
     for input in refused {
         assert!(batch_len(&input).is_err(), "{input}");
     }
     let paths: Vec<String> = batch_len(&json!({"conversions": [1], "extra": 1}))
-        .err().unwrap_or_default().into_iter().map(|e| e.path).collect();
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
     assert_eq!(paths, vec!["extra"]);
 }
 
@@ -484,10 +598,18 @@ mod properties {
         ];
         leaf.prop_recursive(3, 32, 8, |inner| {
             let keys = prop_oneof![
-                Just("event".to_owned()), Just("external_id".to_owned()), Just("occurred_at".to_owned()),
-                Just("address".to_owned()), Just("tags".to_owned()), Just("value".to_owned()),
-                Just("phone".to_owned()), Just("email".to_owned()), Just("country".to_owned()),
-                Just("line1".to_owned()), Just("zip".to_owned()), Just("conversions".to_owned()),
+                Just("event".to_owned()),
+                Just("external_id".to_owned()),
+                Just("occurred_at".to_owned()),
+                Just("address".to_owned()),
+                Just("tags".to_owned()),
+                Just("value".to_owned()),
+                Just("phone".to_owned()),
+                Just("email".to_owned()),
+                Just("country".to_owned()),
+                Just("line1".to_owned()),
+                Just("zip".to_owned()),
+                Just("conversions".to_owned()),
                 "[a-z_]{1,8}",
             ];
             prop_oneof![

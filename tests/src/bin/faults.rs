@@ -30,7 +30,12 @@ fn env(name: &str) -> String {
 }
 
 fn shell(script: &str) -> bool {
-    Command::new("bash").args(["-c", script]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("bash")
+        .args(["-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -69,7 +74,11 @@ impl Process {
             }
             None => Command::new(&binary),
         };
-        command.args(&self.args).stdin(Stdio::null()).stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}"))).stderr(log);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
+            .stderr(log);
         self.child = Some(command.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", self.name)));
     }
 
@@ -110,10 +119,17 @@ impl Supervisor {
             let mut stalled = Vec::new();
             let writers: Vec<(usize, String)> = {
                 let processes = self.lock();
-                processes.iter().enumerate().filter(|(_, p)| p.kind == Kind::Writer).map(|(i, p)| (i, p.ops_url.clone())).collect()
+                processes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.kind == Kind::Writer)
+                    .map(|(i, p)| (i, p.ops_url.clone()))
+                    .collect()
             };
             for (index, ops) in writers {
-                if let Ok(response) = self.http.get(format!("{ops}/healthz")).timeout(Duration::from_secs(1)).send().await {
+                if let Ok(response) =
+                    self.http.get(format!("{ops}/healthz")).timeout(Duration::from_secs(1)).send().await
+                {
                     if response.status().as_u16() == 503 {
                         stalled.push(index);
                     }
@@ -131,12 +147,20 @@ impl Supervisor {
                         let why = if is_stalled { "stalled" } else { "exited" };
                         process.kill();
                         process.spawn();
-                        self.restarts.lock().unwrap_or_else(|p| p.into_inner()).push(format!("{} ({why})", process.name));
+                        self.restarts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(format!("{} ({why})", process.name));
                     }
                 }
             }
             if !self.hold_kafka.load(Ordering::Relaxed) && (1..=3).any(|node| !kafka_node_alive(node)) {
-                let script = format!("source {} && start_kafka_cluster {} {}", env("FAULTS_LIB"), env("FAULTS_KAFKA_DIR"), env("FAULTS_KAFKA_BASE_PORT"));
+                let script = format!(
+                    "source {} && start_kafka_cluster {} {}",
+                    env("FAULTS_LIB"),
+                    env("FAULTS_KAFKA_DIR"),
+                    env("FAULTS_KAFKA_BASE_PORT")
+                );
                 let restarted = tokio::task::spawn_blocking(move || shell(&script)).await.unwrap_or(false);
                 self.restarts.lock().unwrap_or_else(|p| p.into_inner()).push(format!("kafka (restarted: {restarted})"));
             }
@@ -175,7 +199,9 @@ fn kafka_pid(node: u32) -> Option<String> {
 }
 
 fn kafka_node_alive(node: u32) -> bool {
-    kafka_pid(node).is_some_and(|pid| Command::new("kill").args(["-0", pid.trim()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
+    kafka_pid(node).is_some_and(|pid| {
+        Command::new("kill").args(["-0", pid.trim()]).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    })
 }
 
 fn signal_kafka(node: u32, signal: &str) {
@@ -243,7 +269,11 @@ impl Traffic {
                 ("/v1/conversions/batch", json!({ "conversions": items }), ids)
             } else {
                 // Half the singles re-send an earlier pair with a new value (an update).
-                let id = if n.is_multiple_of(2) && n > 4 { format!("s{seed}-{}", rng.gen_range(1..n)) } else { format!("s{seed}-{n}") };
+                let id = if n.is_multiple_of(2) && n > 4 {
+                    format!("s{seed}-{}", rng.gen_range(1..n))
+                } else {
+                    format!("s{seed}-{n}")
+                };
                 (("/v1/conversions"), item(&id, &value), vec![id])
             };
             let indexes: Vec<usize> = {
@@ -263,7 +293,15 @@ impl Traffic {
 
     /// Sends, and re-sends on 5xx or a connection error (to the next gateway), honouring
     /// Retry-After, until the request is answered or the traffic stops.
-    async fn send_until_answered(&self, key: &Key, path: &str, body: &Value, pairs: &[String], indexes: &[usize], rng: &mut rand::rngs::StdRng) {
+    async fn send_until_answered(
+        &self,
+        key: &Key,
+        path: &str,
+        body: &Value,
+        pairs: &[String],
+        indexes: &[usize],
+        rng: &mut rand::rngs::StdRng,
+    ) {
         let mut gateway = rng.gen_range(0..self.gateways.len());
         loop {
             let started = Instant::now();
@@ -278,12 +316,21 @@ impl Traffic {
             let (status, retry_after, reply) = match sent {
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+                    let retry_after = response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u64>().ok());
                     (status, retry_after, response.json::<Value>().await.unwrap_or(Value::Null))
                 }
                 Err(_) => (0, None, Value::Null),
             };
-            self.lock().requests.push(Outcome { workspace: key.workspace_id.clone(), started, took: started.elapsed(), status });
+            self.lock().requests.push(Outcome {
+                workspace: key.workspace_id.clone(),
+                started,
+                took: started.elapsed(),
+                status,
+            });
             if (200..300).contains(&status) {
                 let acknowledged: Vec<bool> = match reply.get("results").and_then(Value::as_array) {
                     Some(results) => results.iter().map(|r| r["ok"] == json!(true)).collect(),
@@ -381,7 +428,12 @@ impl Harness {
     /// Injects the fault; returns when the fault is over (the process killed, or the outage
     /// lifted), which is when recovery is measured from.
     async fn inject(&self, fault: Fault) -> Instant {
-        let pg = || format!("runuser -u postgres -- $(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)/pg_ctl -D {}", env("FAULTS_PG_DATA"));
+        let pg = || {
+            format!(
+                "runuser -u postgres -- $(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n1)/pg_ctl -D {}",
+                env("FAULTS_PG_DATA")
+            )
+        };
         match fault {
             Fault::WriterKill => self.supervisor.kill("writer-0"),
             Fault::GatewayKill => self.supervisor.kill("gateway-0"),
@@ -396,14 +448,24 @@ impl Harness {
                 }
                 tokio::time::sleep(self.outage).await;
                 // "Started again" is part of the fault; recovery is measured from there.
-                let script = format!("source {} && start_kafka_cluster {} {}", env("FAULTS_LIB"), env("FAULTS_KAFKA_DIR"), env("FAULTS_KAFKA_BASE_PORT"));
+                let script = format!(
+                    "source {} && start_kafka_cluster {} {}",
+                    env("FAULTS_LIB"),
+                    env("FAULTS_KAFKA_DIR"),
+                    env("FAULTS_KAFKA_BASE_PORT")
+                );
                 tokio::task::spawn_blocking(move || shell(&script)).await.unwrap_or(false);
                 self.supervisor.hold_kafka.store(false, Ordering::Relaxed);
             }
             Fault::PostgresStop => {
                 shell(&format!("{} -m immediate stop", pg()));
                 tokio::time::sleep(self.outage).await;
-                let start = format!("{} -w -l {}/logs/postgres.log -o \"-c listen_addresses=127.0.0.1 -p {} -k /tmp\" start", pg(), env("FAULTS_DIR"), env("FAULTS_PG_PORT"));
+                let start = format!(
+                    "{} -w -l {}/logs/postgres.log -o \"-c listen_addresses=127.0.0.1 -p {} -k /tmp\" start",
+                    pg(),
+                    env("FAULTS_DIR"),
+                    env("FAULTS_PG_PORT")
+                );
                 shell(&start);
             }
             Fault::RedisStop => {
@@ -418,7 +480,8 @@ impl Harness {
             Fault::WriterPartition => {
                 let user = env("FAULTS_PARTITION_USER");
                 let base: u16 = env("FAULTS_KAFKA_BASE_PORT").parse().unwrap_or(0);
-                let rule = format!("OUTPUT -o lo -p tcp -m owner --uid-owner {user} --dport {}:{} -j DROP", base, base + 12);
+                let rule =
+                    format!("OUTPUT -o lo -p tcp -m owner --uid-owner {user} --dport {}:{} -j DROP", base, base + 12);
                 shell(&format!("iptables -I {rule}"));
                 tokio::time::sleep(self.outage + Duration::from_secs(5)).await;
                 shell(&format!("iptables -D {rule}"));
@@ -439,9 +502,17 @@ impl Harness {
         tokio::time::sleep(self.outage).await;
         // An erasure after the backup, of one acknowledged item's email (the identifier on stdin).
         // A pair of a batch: batches are never sent again once acknowledged (singles may be).
-        let erased = self.traffic.lock().pairs.iter().find(|((_, id), (_, last))| id.starts_with('c') && last.is_some()).map(|((ws, id), _)| (ws.clone(), id.clone()));
+        let erased = self
+            .traffic
+            .lock()
+            .pairs
+            .iter()
+            .find(|((_, id), (_, last))| id.starts_with('c') && last.is_some())
+            .map(|((ws, id), _)| (ws.clone(), id.clone()));
         let writer = format!("{dir}/bin/intake-writer");
-        let erase = |(ws, id): &(String, String)| shell(&format!("echo '{id}@example.com' | {writer} erase --workspace {ws} --email"));
+        let erase = |(ws, id): &(String, String)| {
+            shell(&format!("echo '{id}@example.com' | {writer} erase --workspace {ws} --email"))
+        };
         if let Some(target) = &erased {
             assert!(erase(target), "erase");
         }
@@ -466,7 +537,8 @@ impl Harness {
     async fn run(&self, fault: Fault, seed: u64) -> Value {
         self.supervisor.take_restarts();
         let fault_started = Instant::now();
-        let clients: Vec<_> = (0..CLIENTS as u64).map(|c| tokio::spawn(self.traffic.clone().client(seed * 100 + c))).collect();
+        let clients: Vec<_> =
+            (0..CLIENTS as u64).map(|c| tokio::spawn(self.traffic.clone().client(seed * 100 + c))).collect();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let fault_at = Instant::now();
         let over = self.inject(fault).await;
@@ -481,7 +553,9 @@ impl Harness {
                 .keys
                 .iter()
                 .map(|key| {
-                    let ok = |r: &&Outcome| r.workspace == key.workspace_id && r.started >= over && (200..300).contains(&r.status);
+                    let ok = |r: &&Outcome| {
+                        r.workspace == key.workspace_id && r.started >= over && (200..300).contains(&r.status)
+                    };
                     ledger.requests.iter().filter(ok).map(|r| r.started + r.took).min()
                 })
                 .collect();
@@ -512,7 +586,8 @@ impl Harness {
         let ledger = self.traffic.lock();
         let during: Vec<&Outcome> = ledger.requests.iter().filter(|r| r.started >= fault_started).collect();
         let acknowledged = ledger.pairs.values().filter(|(_, last)| last.is_some()).count();
-        let unexpected: Vec<u16> = during.iter().map(|r| r.status).filter(|s| !matches!(s, 200..=299 | 500 | 503 | 429)).collect();
+        let unexpected: Vec<u16> =
+            during.iter().map(|r| r.status).filter(|s| !matches!(s, 200..=299 | 500 | 503 | 429)).collect();
         let connection_errors = unexpected.iter().filter(|s| **s == 0).count();
         let longest = during.iter().map(|r| r.took).max().unwrap_or_default();
         let replayed = self.replayed.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -540,11 +615,16 @@ impl Harness {
 
 fn leader_of(topic: &str, partition: i32) -> i32 {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new().set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS")).create().unwrap_or_else(|e| panic!("{e}"));
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .create()
+        .unwrap_or_else(|e| panic!("{e}"));
     consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .ok()
-        .and_then(|m| m.topics().first().and_then(|t| t.partitions().iter().find(|p| p.id() == partition).map(|p| p.leader())))
+        .and_then(|m| {
+            m.topics().first().and_then(|t| t.partitions().iter().find(|p| p.id() == partition).map(|p| p.leader()))
+        })
         .unwrap_or(1)
 }
 
@@ -561,13 +641,18 @@ struct Check {
 /// data, stored again as SPEC 1 says; the harness's clients never re-send an erased pair's email
 /// after the erasure within the check, so a hash here means the erasure was undone).
 async fn email_cleared(workspace: &str, external_id: &str) -> bool {
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
-    let hash: Option<Option<String>> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-        .bind(workspace)
-        .bind(external_id)
-        .fetch_optional(&db)
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env("DATABASE_URL"))
         .await
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{e}"));
+    let hash: Option<Option<String>> =
+        sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+            .bind(workspace)
+            .bind(external_id)
+            .fetch_optional(&db)
+            .await
+            .unwrap_or_default();
     hash.flatten().is_none()
 }
 
@@ -586,10 +671,17 @@ async fn check_database(traffic: &Traffic) -> Check {
 }
 
 async fn check_database_once(traffic: &Traffic) -> Check {
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&env("DATABASE_URL"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     {
         let rows: Vec<(String, String, Option<String>, String)> =
-            sqlx::query_as("SELECT workspace_id, external_id, value::text, chain_id FROM conversions").fetch_all(&db).await.unwrap_or_default();
+            sqlx::query_as("SELECT workspace_id, external_id, value::text, chain_id FROM conversions")
+                .fetch_all(&db)
+                .await
+                .unwrap_or_default();
         // (workspace, external id) → every stored (value, chain) of it: more than one is a duplicate.
         type Stored = HashMap<(String, String), Vec<(Option<String>, String)>>;
         let mut stored: Stored = HashMap::new();
@@ -614,7 +706,9 @@ async fn check_database_once(traffic: &Traffic) -> Check {
         for (workspace, ids) in &ledger.chains {
             let chains: std::collections::BTreeSet<&String> = ids
                 .iter()
-                .filter_map(|id| stored.get(&(workspace.clone(), id.clone())).and_then(|rows| rows.first()).map(|(_, chain)| chain))
+                .filter_map(|id| {
+                    stored.get(&(workspace.clone(), id.clone())).and_then(|rows| rows.first()).map(|(_, chain)| chain)
+                })
                 .collect();
             if chains.len() > 1 {
                 check.split_chains += 1;
@@ -663,8 +757,16 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
             name: format!("gateway-{i}"),
             kind: Kind::Gateway,
             args: [
-                "--listen", &format!("127.0.0.1:{port}"), "--ops-listen", &format!("127.0.0.1:{ops}"), "--reply-partition", &i.to_string(),
-                "--requests-per-minute", "10000000", "--conversions-per-minute", "100000000",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--ops-listen",
+                &format!("127.0.0.1:{ops}"),
+                "--reply-partition",
+                &i.to_string(),
+                "--requests-per-minute",
+                "10000000",
+                "--conversions-per-minute",
+                "100000000",
             ]
             .map(str::to_owned)
             .to_vec(),
@@ -678,7 +780,9 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
         processes.push(Process {
             name: format!("writer-{i}"),
             kind: Kind::Writer,
-            args: ["run", "--ops-listen", &format!("127.0.0.1:{ops}"), "--stall-timeout-ms", "8000"].map(str::to_owned).to_vec(),
+            args: ["run", "--ops-listen", &format!("127.0.0.1:{ops}"), "--stall-timeout-ms", "8000"]
+                .map(str::to_owned)
+                .to_vec(),
             ops_url: format!("http://127.0.0.1:{ops}"),
             // The second writer runs as its own user, so that the partition scenario can cut
             // exactly its traffic to the brokers.
@@ -689,7 +793,13 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
     for process in &mut processes {
         process.spawn();
     }
-    let supervisor = Arc::new(Supervisor { processes: Mutex::new(processes), hold_kafka: AtomicBool::new(false), hold_writers: AtomicBool::new(false), restarts: Mutex::default(), http: http.clone() });
+    let supervisor = Arc::new(Supervisor {
+        processes: Mutex::new(processes),
+        hold_kafka: AtomicBool::new(false),
+        hold_writers: AtomicBool::new(false),
+        restarts: Mutex::default(),
+        http: http.clone(),
+    });
     for _ in 0..120 {
         if supervisor.all_ready().await {
             break;
@@ -703,9 +813,14 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seed: u64 = args.iter().find_map(|a| a.strip_prefix("--seed=")).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let outage = Duration::from_secs(args.iter().find_map(|a| a.strip_prefix("--outage-s=")).and_then(|s| s.parse().ok()).unwrap_or(15));
+    let outage = Duration::from_secs(
+        args.iter().find_map(|a| a.strip_prefix("--outage-s=")).and_then(|s| s.parse().ok()).unwrap_or(15),
+    );
     let scenarios: Vec<Fault> = match args.iter().find_map(|a| a.strip_prefix("--scenarios=")) {
-        Some(list) => list.split(',').map(|name| Fault::parse(name).unwrap_or_else(|| panic!("unknown scenario {name}"))).collect(),
+        Some(list) => list
+            .split(',')
+            .map(|name| Fault::parse(name).unwrap_or_else(|| panic!("unknown scenario {name}")))
+            .collect(),
         None => ALL.to_vec(),
     };
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_default();
@@ -718,7 +833,14 @@ async fn main() {
         ledger: Mutex::default(),
         stop: AtomicBool::new(false),
     });
-    let harness = Harness { replayed: Mutex::default(), erased: Mutex::default(), supervisor: supervisor.clone(), traffic, outage, requests_topic: "intake.requests".to_owned() };
+    let harness = Harness {
+        replayed: Mutex::default(),
+        erased: Mutex::default(),
+        supervisor: supervisor.clone(),
+        traffic,
+        outage,
+        requests_topic: "intake.requests".to_owned(),
+    };
     let mut failed = false;
     for (n, fault) in scenarios.into_iter().enumerate() {
         let line = harness.run(fault, seed + n as u64).await;
@@ -730,7 +852,9 @@ async fn main() {
             && line["all_ready"] == json!(true)
             && line["writes_back_after_s"].as_f64().is_some_and(|s| s <= RECOVERY_LIMIT.as_secs_f64())
             && line["other_statuses"].as_array().is_some_and(Vec::is_empty)
-            && line["longest_request_ms"].as_u64().is_some_and(|ms| ms <= (DEADLINE + Duration::from_secs(3)).as_millis() as u64)
+            && line["longest_request_ms"]
+                .as_u64()
+                .is_some_and(|ms| ms <= (DEADLINE + Duration::from_secs(3)).as_millis() as u64)
             && (matches!(fault, Fault::GatewayKill) || line["connection_errors"] == json!(0));
         failed |= !ok;
         println!("{}", json!({ "ok": ok, "result": line }));
@@ -749,7 +873,11 @@ async fn main() {
 async fn self_check(traffic: &Traffic) -> bool {
     let victim = traffic.lock().pairs.iter().find(|(_, (_, last))| last.is_some()).map(|(pair, _)| pair.clone());
     let Some((workspace, external_id)) = victim else { return false };
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&env("DATABASE_URL")).await.unwrap_or_else(|e| panic!("{e}"));
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env("DATABASE_URL"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let deleted = sqlx::query(
         "WITH gone AS (DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2 RETURNING id)
          DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)",

@@ -30,7 +30,9 @@ impl Db {
     fn plan(&self, inputs: &[Value]) -> Plan {
         let items: Vec<Conversion> = inputs
             .iter()
-            .map(|input| validate_conversion(&input.into(), NOW_MS).map(|v| v.conversion).unwrap_or_else(|e| panic!("{e:?}")))
+            .map(|input| {
+                validate_conversion(&input.into(), NOW_MS).map(|v| v.conversion).unwrap_or_else(|e| panic!("{e:?}"))
+            })
             .collect();
         let related = self
             .rows

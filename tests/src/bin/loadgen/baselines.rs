@@ -26,7 +26,8 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
     let mut text = String::new();
     for b in 0..batches {
         let body = generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS);
-        let items = intake_common::validate::validate_batch(&Json::parse(&body)?, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let items =
+            intake_common::validate::validate_batch(&Json::parse(&body)?, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let conversions = items
             .into_iter()
             .map(|item| item.map(|v| v.conversion))
@@ -174,6 +175,10 @@ pub async fn pg_upsert(
     }
     recorder.errors = failed;
     let _ = std::fs::remove_dir_all(&logs);
-    let measured = Measured { recorder, elapsed: duration, concurrency: format!("{clients} pgbench clients, {PG_UPSERT_ROWS} rows per transaction") };
+    let measured = Measured {
+        recorder,
+        elapsed: duration,
+        concurrency: format!("{clients} pgbench clients, {PG_UPSERT_ROWS} rows per transaction"),
+    };
     Ok((measured, cores.await.unwrap_or_default()))
 }

@@ -56,12 +56,14 @@ pub fn command_output(program: &str, args: &[&str]) -> String {
 }
 
 pub async fn versions(db: &sqlx::PgPool, redis_url: &str) -> Value {
-    let postgres: String = sqlx::query_scalar("SELECT current_setting('server_version')").fetch_one(db).await.unwrap_or_default();
+    let postgres: String =
+        sqlx::query_scalar("SELECT current_setting('server_version')").fetch_one(db).await.unwrap_or_default();
     let fsync: String = sqlx::query_scalar("SELECT current_setting('fsync')").fetch_one(db).await.unwrap_or_default();
     let redis = match redis::Client::open(redis_url) {
         Ok(client) => match client.get_multiplexed_async_connection().await {
             Ok(mut connection) => {
-                let info: String = redis::cmd("INFO").arg("server").query_async(&mut connection).await.unwrap_or_default();
+                let info: String =
+                    redis::cmd("INFO").arg("server").query_async(&mut connection).await.unwrap_or_default();
                 info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or_default().trim().to_owned()
             }
             Err(_) => String::new(),
@@ -90,11 +92,14 @@ pub fn pid_listening_on(port: u16) -> Option<u32> {
     let hex_port = format!(":{port:04X}");
     let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
-        .flat_map(|table| std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .flat_map(|table| {
+            std::fs::read_to_string(table).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+        })
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // local_address, st == 0A (LISTEN), inode
-            (fields.len() > 9 && fields[1].ends_with(&hex_port) && fields[3] == "0A").then(|| format!("socket:[{}]", fields[9]))
+            (fields.len() > 9 && fields[1].ends_with(&hex_port) && fields[3] == "0A")
+                .then(|| format!("socket:[{}]", fields[9]))
         })
         .collect();
     if inodes.is_empty() {
@@ -133,7 +138,8 @@ fn cpu_ticks_and_parent(pid: u32) -> Option<(u64, u32)> {
 /// Busy and total ticks of the whole machine (/proc/stat).
 fn machine_ticks() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let values: Vec<u64> = stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let values: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
     let total: u64 = values.iter().take(8).sum();
     let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
     (total - idle, total)
@@ -161,8 +167,10 @@ impl Roles {
     /// The postmaster and its children: every backend and background process of the cluster.
     pub fn postgres_processes(&self) -> Vec<u32> {
         let Some(postmaster) = self.postmaster else { return Vec::new() };
-        let mut pids: Vec<u32> =
-            all_pids().into_iter().filter(|&p| cpu_ticks_and_parent(p).is_some_and(|(_, parent)| parent == postmaster)).collect();
+        let mut pids: Vec<u32> = all_pids()
+            .into_iter()
+            .filter(|&p| cpu_ticks_and_parent(p).is_some_and(|(_, parent)| parent == postmaster))
+            .collect();
         pids.push(postmaster);
         pids
     }
@@ -191,7 +199,8 @@ impl Roles {
     /// 1 s before its end, so that connections opened at its start and processes (pgbench's
     /// backends) gone at its end do not skew it. Run beside the scenario.
     pub async fn cores_during(self, duration: std::time::Duration) -> Value {
-        let margin = if duration.as_secs() >= 4 { std::time::Duration::from_secs(1) } else { std::time::Duration::ZERO };
+        let margin =
+            if duration.as_secs() >= 4 { std::time::Duration::from_secs(1) } else { std::time::Duration::ZERO };
         tokio::time::sleep(margin).await;
         let first = self.snapshot();
         tokio::time::sleep(duration.saturating_sub(margin * 2)).await;
@@ -203,7 +212,8 @@ impl Roles {
         pids.iter()
             .filter_map(|pid| {
                 let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+                let kib: f64 =
+                    status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
                 Some(kib / 1024.0)
             })
             .fold(0.0, f64::max)
@@ -218,7 +228,9 @@ impl CpuSnapshot {
         let mut cores = serde_json::Map::new();
         let mut accounted = 0.0;
         for (role, ticks) in &later.by_role {
-            let used = later.by_role[role].saturating_sub(self.by_role.get(role).copied().unwrap_or(*ticks)) as f64 / TICKS_PER_SECOND / seconds;
+            let used = later.by_role[role].saturating_sub(self.by_role.get(role).copied().unwrap_or(*ticks)) as f64
+                / TICKS_PER_SECOND
+                / seconds;
             accounted += used;
             cores.insert((*role).to_owned(), json!(round2(used)));
         }
@@ -230,7 +242,6 @@ impl CpuSnapshot {
         Value::Object(cores)
     }
 }
-
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0

@@ -159,7 +159,10 @@ fn infrastructure_roles() -> Roles {
         .ok()
         .and_then(|b| b.split(',').next().and_then(|a| a.rsplit(':').next()).and_then(|p| p.parse().ok()))
         .unwrap_or(59092);
-    let redis_port = std::env::var("INTAKE_REDIS_URL").ok().and_then(|u| u.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok())).unwrap_or(56379);
+    let redis_port = std::env::var("INTAKE_REDIS_URL")
+        .ok()
+        .and_then(|u| u.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()))
+        .unwrap_or(56379);
     Roles {
         postmaster: machine::pid_listening_on(port("INTAKE_PG_PORT", 55432)),
         kafka: machine::pid_listening_on(broker_port),
@@ -174,7 +177,14 @@ fn roles_of(stack: &Stack, infrastructure: &Roles) -> Roles {
 }
 
 /// A closed-loop scenario on the stack, with the cores and writer timers meanwhile.
-async fn closed(stack: &Stack, roles: &Roles, clients: usize, duration: Duration, counted: Counted, plan: ClosedPlan) -> Scenario {
+async fn closed(
+    stack: &Stack,
+    roles: &Roles,
+    clients: usize,
+    duration: Duration,
+    counted: Counted,
+    plan: ClosedPlan,
+) -> Scenario {
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let before = stages::read(stack).await;
     let measured = closed_loop(&targets(stack), clients, duration, plan).await;
@@ -189,13 +199,21 @@ struct Plans {
 impl Plans {
     /// batch_ingest: client c's request k goes to workspace (c + clients·k) mod workspaces; every
     /// batch sent is remembered for batch_resend.
-    fn batch_ingest(&self, clients: usize, generator: Arc<Generator>, sent: Arc<Mutex<Vec<(usize, u64)>>>) -> ClosedPlan {
+    fn batch_ingest(
+        &self,
+        clients: usize,
+        generator: Arc<Generator>,
+        sent: Arc<Mutex<Vec<(usize, u64)>>>,
+    ) -> ClosedPlan {
         let (keys, next) = (self.keys.clone(), Arc::new(AtomicU64::new(0)));
         Arc::new(move |c, k| {
             let workspace = (c + clients * k as usize) % keys.len();
             let first = next.fetch_add(BATCH_ITEMS as u64, Ordering::Relaxed);
             sent.lock().unwrap_or_else(|p| p.into_inner()).push((workspace, first));
-            (post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)), Expect::Batch("created"))
+            (
+                post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)),
+                Expect::Batch("created"),
+            )
         })
     }
 
@@ -204,7 +222,10 @@ impl Plans {
         let (keys, next) = (self.keys.clone(), Arc::new(AtomicU64::new(0)));
         Arc::new(move |_, _| {
             let (workspace, first) = sent[next.fetch_add(1, Ordering::Relaxed) as usize % sent.len().max(1)];
-            (post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)), Expect::Batch("unchanged"))
+            (
+                post("/v1/conversions/batch", &keys[workspace], generator.batch(first, BATCH_ITEMS)),
+                Expect::Batch("unchanged"),
+            )
         })
     }
 
@@ -212,7 +233,10 @@ impl Plans {
     fn single(&self, generator: Arc<Generator>) -> ClosedPlan {
         let keys = self.keys.clone();
         Arc::new(move |c, k| {
-            (post("/v1/conversions", &keys[c % keys.len()], generator.single(c as u64 * 1_000_000_000, k)), Expect::Status(201, 1))
+            (
+                post("/v1/conversions", &keys[c % keys.len()], generator.single(c as u64 * 1_000_000_000, k)),
+                Expect::Status(201, 1),
+            )
         })
     }
 
@@ -220,7 +244,12 @@ impl Plans {
     /// child go to the same workspace.
     fn single_open(&self, generator: Arc<Generator>) -> OpenPlan {
         let keys = self.keys.clone();
-        Arc::new(move |k| (post("/v1/conversions", &keys[(k / 3) as usize % keys.len()], generator.single(0, k)), Expect::Status(201, 1)))
+        Arc::new(move |k| {
+            (
+                post("/v1/conversions", &keys[(k / 3) as usize % keys.len()], generator.single(0, k)),
+                Expect::Status(201, 1),
+            )
+        })
     }
 
     fn reject_401(&self) -> ClosedPlan {
@@ -238,14 +267,20 @@ impl Plans {
 
     fn reject_422(&self) -> ClosedPlan {
         let keys = self.keys.clone();
-        Arc::new(move |c, _| (post("/v1/conversions", &keys[c % keys.len()], bodies::invalid_single()), Expect::Status(422, 0)))
+        Arc::new(move |c, _| {
+            (post("/v1/conversions", &keys[c % keys.len()], bodies::invalid_single()), Expect::Status(422, 0))
+        })
     }
 
     fn workspace_read(&self) -> ClosedPlan {
         let keys = self.keys.clone();
         Arc::new(move |c, _| {
-            let planned =
-                Planned { method: http::Method::GET, path: "/v1/workspace", authorization: Some(keys[c % keys.len()].bearer()), body: None };
+            let planned = Planned {
+                method: http::Method::GET,
+                path: "/v1/workspace",
+                authorization: Some(keys[c % keys.len()].bearer()),
+                body: None,
+            };
             (planned, Expect::Status(200, 0))
         })
     }
@@ -290,7 +325,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let sent = Arc::new(Mutex::new(Vec::new()));
     say(&format!("batch_ingest: {} clients, {} s", config.batch_clients, config.seconds));
     let plan = plans.batch_ingest(config.batch_clients, ingest_generator.clone(), sent.clone());
-    scenarios.push(("batch_ingest", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    scenarios
+        .push(("batch_ingest", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
     let (gateway_pids, writer_pids) = stack.pids();
     let gateway_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&gateway_pids));
     let writer_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&writer_pids));
@@ -298,21 +334,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
     say("batch_resend");
     let sent = Arc::new(std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner())));
     let plan = plans.batch_resend(ingest_generator, sent);
-    scenarios.push(("batch_resend", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    scenarios
+        .push(("batch_resend", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
 
     say(&format!("single_32: {} clients", config.single_clients));
     let plan = plans.single(Arc::new(Generator::new("single")));
-    scenarios.push(("single_32", closed(&stack, &roles, config.single_clients, duration, Counted::Requests, plan).await));
+    scenarios
+        .push(("single_32", closed(&stack, &roles, config.single_clients, duration, Counted::Requests, plan).await));
 
     say(&format!("single_200rps: {} requests/s, open loop", config.rate));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let before = stages::read(&stack).await;
-    let measured = open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
+    let measured =
+        open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
     let writer = stages::between(&before, &stages::read(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
     let cores = cores.await.unwrap_or_default();
     scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
 
-    for (name, plan) in [("reject_401", plans.reject_401()), ("reject_422", plans.reject_422()), ("workspace_read", plans.workspace_read())] {
+    for (name, plan) in [
+        ("reject_401", plans.reject_401()),
+        ("reject_422", plans.reject_422()),
+        ("workspace_read", plans.workspace_read()),
+    ] {
         say(&format!("{name}: {} clients", config.reject_clients));
         let mut scenario = closed(&stack, &roles, config.reject_clients, duration, Counted::Requests, plan).await;
         scenario.writer = None;
@@ -320,15 +363,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
 
     say("direct_apply: the writer's apply code on the same batches, no HTTP, no Kafka");
-    let (measured, cores) =
-        baselines::direct_apply(&stack, &keys, &roles, duration, config.direct_concurrency, config.direct_batches, &config.out_dir).await?;
+    let (measured, cores) = baselines::direct_apply(
+        &stack,
+        &keys,
+        &roles,
+        duration,
+        config.direct_concurrency,
+        config.direct_batches,
+        &config.out_dir,
+    )
+    .await?;
     scenarios.push(("direct_apply", Scenario { measured, counted: Counted::Items, cores, writer: None }));
 
     say(&format!("pg_upsert: pgbench, {} clients", config.pg_clients));
-    let (measured, cores) = baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
+    let (measured, cores) =
+        baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
     scenarios.push(("pg_upsert", Scenario { measured, counted: Counted::Items, cores, writer: None }));
 
-    let profiles = if config.profile_seconds > 0 { profiles(&stack, &plans, &roles, &config, &profile_dir).await } else { json!("turned off") };
+    let profiles = if config.profile_seconds > 0 {
+        profiles(&stack, &plans, &roles, &config, &profile_dir).await
+    } else {
+        json!("turned off")
+    };
 
     let mut scale = Vec::new();
     if config.scale {
@@ -343,7 +399,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
             let stack = start_stack(gateways, writers).await;
             let roles = roles_of(&stack, &infrastructure);
             warm_up(&stack, &plans, config.warmup_seconds).await;
-            let plan = plans.batch_ingest(config.batch_clients, Arc::new(Generator::new("scale")), Arc::new(Mutex::new(Vec::new())));
+            let plan = plans.batch_ingest(
+                config.batch_clients,
+                Arc::new(Generator::new("scale")),
+                Arc::new(Mutex::new(Vec::new())),
+            );
             let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
             scale.push(scale_row(gateways, writers, &scenario));
         }
@@ -379,9 +439,13 @@ async fn singles(config: Config, clients: &[String]) -> anyhow::Result<()> {
     println!("| clients | requests/s | p50 ms | p90 ms | p99 ms | max ms | errors |\n|---|---|---|---|---|---|---|");
     for n in clients.iter().filter_map(|c| c.parse::<usize>().ok()) {
         let duration = Duration::from_secs(config.seconds);
-        let measured = closed_loop(&targets(&stack), n, duration, plans.single(Arc::new(Generator::new("singles")))).await;
+        let measured =
+            closed_loop(&targets(&stack), n, duration, plans.single(Arc::new(Generator::new("singles")))).await;
         let r = measured.to_json(Counted::Requests);
-        println!("| {n} | {} | {} | {} | {} | {} | {} |", r["requests_per_s"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"]);
+        println!(
+            "| {n} | {} | {} | {} | {} | {} | {} |",
+            r["requests_per_s"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"], r["errors"]
+        );
     }
     Ok(())
 }
@@ -411,7 +475,15 @@ async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, 
     let duration = Duration::from_secs(config.profile_seconds);
     let mut result = serde_json::Map::new();
     let scenarios: [(&str, usize, ClosedPlan); 2] = [
-        ("batch_ingest", config.batch_clients, plans.batch_ingest(config.batch_clients, Arc::new(Generator::new("profile")), Arc::new(Mutex::new(Vec::new())))),
+        (
+            "batch_ingest",
+            config.batch_clients,
+            plans.batch_ingest(
+                config.batch_clients,
+                Arc::new(Generator::new("profile")),
+                Arc::new(Mutex::new(Vec::new())),
+            ),
+        ),
         ("reject_401", config.reject_clients, plans.reject_401()),
     ];
     for (name, clients, plan) in scenarios {
@@ -440,4 +512,3 @@ async fn profiles(stack: &Stack, plans: &Plans, roles: &Roles, config: &Config, 
     }
     Value::Object(result)
 }
-

@@ -35,7 +35,8 @@ struct Summary {
 impl Expect {
     /// Items acknowledged by a right answer, or why the answer is wrong.
     fn judge(self, answer: &Answer) -> Result<u64, String> {
-        let wrong = || format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body[..answer.body.len().min(300)]));
+        let wrong =
+            || format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body[..answer.body.len().min(300)]));
         match self {
             Expect::Status(status, items) if answer.status == status => Ok(items),
             Expect::Status(..) => Err(wrong()),
@@ -213,7 +214,8 @@ pub async fn open_loop(targets: &[String], rate: f64, duration: Duration, plan: 
     let mut in_flight = Vec::new();
     let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while let Some((k, due)) = due_rx.recv().await {
-        let (plan, idle, recorder, targets, opened) = (plan.clone(), idle.clone(), recorder.clone(), targets.to_vec(), opened.clone());
+        let (plan, idle, recorder, targets, opened) =
+            (plan.clone(), idle.clone(), recorder.clone(), targets.to_vec(), opened.clone());
         in_flight.push(tokio::spawn(async move {
             let (planned, expect) = plan(k);
             let target = k as usize % targets.len();
@@ -236,7 +238,9 @@ pub async fn open_loop(targets: &[String], rate: f64, duration: Duration, plan: 
         let _ = task.await;
     }
     let _ = pacer.join();
-    let recorder = Arc::try_unwrap(recorder).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner())).unwrap_or_else(|_| Recorder::new());
+    let recorder = Arc::try_unwrap(recorder)
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .unwrap_or_else(|_| Recorder::new());
     let connections = opened.load(std::sync::atomic::Ordering::Relaxed);
     Measured {
         recorder,
@@ -254,7 +258,9 @@ mod tests {
     }
 
     fn summary(created: usize, unchanged: usize, failed: usize) -> String {
-        format!(r#"{{"results":[],"summary":{{"created":{created},"updated":0,"unchanged":{unchanged},"failed":{failed}}}}}"#)
+        format!(
+            r#"{{"results":[],"summary":{{"created":{created},"updated":0,"unchanged":{unchanged},"failed":{failed}}}}}"#
+        )
     }
 
     #[test]

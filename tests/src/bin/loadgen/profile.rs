@@ -25,7 +25,9 @@ pub fn unavailable() -> Option<String> {
         .is_ok_and(|s| s.success());
     let _ = std::fs::remove_file(&probe);
     if !works {
-        return Some("perf record -e cpu-clock does not work here (install linux-perf; kernel.perf_event_paranoid)".into());
+        return Some(
+            "perf record -e cpu-clock does not work here (install linux-perf; kernel.perf_event_paranoid)".into(),
+        );
     }
     for tool in ["inferno-collapse-perf", "inferno-flamegraph"] {
         if Command::new(tool).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
@@ -53,7 +55,13 @@ pub fn record(data: &Path, pids: &[u32], duration: Duration) -> std::io::Result<
 /// "other processes", counted but not drawn), writes `<name>.svg` and `<name>.txt` into `out`,
 /// and returns the share of samples per role with its hottest functions (self time) and, for
 /// the gateway and writer, their own functions by inclusive time.
-pub fn summarize(data: &Path, roles: &HashMap<u32, &'static str>, out: &Path, name: &str, title: &str) -> anyhow::Result<Value> {
+pub fn summarize(
+    data: &Path,
+    roles: &HashMap<u32, &'static str>,
+    out: &Path,
+    name: &str,
+    title: &str,
+) -> anyhow::Result<Value> {
     let script = Command::new("perf")
         .args(["script", "-F", "comm,pid,tid,time,event,ip,sym,dso", "-i"])
         .arg(data)
@@ -84,7 +92,11 @@ pub fn summarize(data: &Path, roles: &HashMap<u32, &'static str>, out: &Path, na
         let leaf = frames.rsplit(';').next().filter(|f| !f.is_empty()).unwrap_or("[unknown]");
         *leaves.entry(role).or_default().entry(leaf.to_owned()).or_default() += count;
         // Our own functions, inclusive: where in the gateway's or writer's code the time goes.
-        let mut own: Vec<&str> = frames.split(';').filter(|f| f.starts_with("intake_")).map(|f| f.split("::{{closure}}").next().unwrap_or(f)).collect();
+        let mut own: Vec<&str> = frames
+            .split(';')
+            .filter(|f| f.starts_with("intake_"))
+            .map(|f| f.split("::{{closure}}").next().unwrap_or(f))
+            .collect();
         own.sort_unstable();
         own.dedup();
         for function in own {
@@ -112,31 +124,48 @@ pub fn summarize(data: &Path, roles: &HashMap<u32, &'static str>, out: &Path, na
     let share = |n: u64| (n as f64 / total as f64 * 1000.0).round() / 10.0;
     // Within a role, shares of the role's own samples: readable even when the machine is shared.
     let share_of = |n: u64, of: u64| (n as f64 / of.max(1) as f64 * 1000.0).round() / 10.0;
-    let mut summary = format!("{title}\n{total} samples of this run's processes at 97 Hz (perf record -e cpu-clock -p ...)\n\n");
+    let mut summary =
+        format!("{title}\n{total} samples of this run's processes at 97 Hz (perf record -e cpu-clock -p ...)\n\n");
     let mut roles_json = serde_json::Map::new();
     let mut ordered: Vec<(&str, u64)> = by_role.iter().map(|(r, n)| (*r, *n)).collect();
     ordered.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     for (role, samples) in &ordered {
-        summary.push_str(&format!("{role}: {}% of all samples; hottest functions, self time, % of the role's samples:\n", share(*samples)));
+        summary.push_str(&format!(
+            "{role}: {}% of all samples; hottest functions, self time, % of the role's samples:\n",
+            share(*samples)
+        ));
         let mut hot: Vec<(&String, &u64)> = leaves[role].iter().collect();
         hot.sort_by(|a, b| b.1.cmp(a.1));
-        let top: Vec<Value> = hot.iter().take(12).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
+        let top: Vec<Value> = hot
+            .iter()
+            .take(12)
+            .map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) }))
+            .collect();
         for (function, n) in hot.iter().take(12) {
             summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
         let mut own: Vec<(&String, &u64)> = inclusive.get(role).map(|m| m.iter().collect()).unwrap_or_default();
         own.sort_by(|a, b| b.1.cmp(a.1));
         if !own.is_empty() {
-            summary.push_str("  our functions, inclusive (time in them and what they call), % of the role's samples:\n");
+            summary
+                .push_str("  our functions, inclusive (time in them and what they call), % of the role's samples:\n");
         }
         for (function, n) in own.iter().take(15) {
             summary.push_str(&format!("  {:5.1}%  {function}\n", share_of(**n, *samples)));
         }
-        let own: Vec<Value> = own.iter().take(15).map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) })).collect();
+        let own: Vec<Value> = own
+            .iter()
+            .take(15)
+            .map(|(f, n)| json!({ "function": f, "percent_of_role": share_of(**n, *samples) }))
+            .collect();
         summary.push('\n');
-        roles_json.insert((*role).to_owned(), json!({ "percent_of_samples": share(*samples), "hottest": top, "own_code_inclusive": own }));
+        roles_json.insert(
+            (*role).to_owned(),
+            json!({ "percent_of_samples": share(*samples), "hottest": top, "own_code_inclusive": own }),
+        );
     }
     std::fs::write(out.join(format!("{name}.txt")), summary)?;
-    Ok(json!({ "samples": total, "flamegraph": format!("bench/profile/{name}.svg"), "summary": format!("bench/profile/{name}.txt"), "by_role": roles_json }))
+    Ok(
+        json!({ "samples": total, "flamegraph": format!("bench/profile/{name}.svg"), "summary": format!("bench/profile/{name}.txt"), "by_role": roles_json }),
+    )
 }
-

@@ -51,7 +51,11 @@ struct Target {
 
 impl Target {
     fn met(&self) -> bool {
-        if self.at_least { self.measured >= self.limit } else { self.measured < self.limit }
+        if self.at_least {
+            self.measured >= self.limit
+        } else {
+            self.measured < self.limit
+        }
     }
 }
 
@@ -79,7 +83,9 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
     let lanes_busy = scenario.writer.as_ref().map(|w| field(w, "apply_lanes_busy_per_writer"));
     let top = ours.first().map(|(k, _)| k.as_str()).unwrap_or("?");
     let mut text = if busy >= 0.9 * cores_total {
-        format!("CPU-bound: {busy:.2} of {cores_total} cores busy; of this run's processes {top} uses the most ({list})")
+        format!(
+            "CPU-bound: {busy:.2} of {cores_total} cores busy; of this run's processes {top} uses the most ({list})"
+        )
     } else if lanes_busy.is_some_and(|b| b >= 0.8 * writer_lanes() as f64) {
         format!("bound by the writer's apply lanes (each applies one group at a time, waiting on PostgreSQL); cores busy {busy:.2} of {cores_total} ({list})")
     } else {
@@ -89,7 +95,10 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
         let _ = write!(text, "; {}", stages_text(writer));
     }
     if other >= 0.25 {
-        let _ = write!(text, ". {other:.2} cores went to processes not of this run: the machine was shared, re-run it quiet");
+        let _ = write!(
+            text,
+            ". {other:.2} cores went to processes not of this run: the machine was shared, re-run it quiet"
+        );
     }
     text
 }
@@ -99,7 +108,9 @@ pub fn render(run: &Run) -> (Value, String) {
     let cores_total = run.machine["cores"].as_f64().unwrap_or(1.0);
     let get = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
     let rate = |name: &str| get(name).map(|s| s.measured.rate(s.counted)).unwrap_or(0.0);
-    let quantile = |name: &str, q: f64| get(name).map(|s| s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0).unwrap_or(0.0);
+    let quantile = |name: &str, q: f64| {
+        get(name).map(|s| s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0).unwrap_or(0.0)
+    };
     let ratio = |a: f64, b: f64| if b > 0.0 { round2(a / b) } else { 0.0 };
     let (ingest, direct, pg) = (rate("batch_ingest"), rate("direct_apply"), rate("pg_upsert"));
     let ratios = json!({
@@ -108,13 +119,62 @@ pub fn render(run: &Run) -> (Value, String) {
         "direct_apply / pg_upsert": ratio(direct, pg),
     });
     let targets = [
-        Target { name: "batch_ingest / pg_upsert", measured: ratio(ingest, pg), limit: 0.5, at_least: true, unit: "", scenario: "batch_ingest" },
-        Target { name: "batch_ingest / direct_apply", measured: ratio(ingest, direct), limit: 0.7, at_least: true, unit: "", scenario: "batch_ingest" },
-        Target { name: "single_200rps p50", measured: round2(quantile("single_200rps", 0.5)), limit: 5.0, at_least: false, unit: " ms", scenario: "single_200rps" },
-        Target { name: "single_200rps p99", measured: round2(quantile("single_200rps", 0.99)), limit: 20.0, at_least: false, unit: " ms", scenario: "single_200rps" },
-        Target { name: "reject_401 requests/s", measured: round1(rate("reject_401")), limit: 20_000.0, at_least: true, unit: "", scenario: "reject_401" },
-        Target { name: "reject_422 requests/s", measured: round1(rate("reject_422")), limit: 20_000.0, at_least: true, unit: "", scenario: "reject_422" },
-        Target { name: "gateway peak RSS", measured: run.gateway_peak_rss_mib, limit: 200.0, at_least: false, unit: " MiB", scenario: "batch_ingest" },
+        Target {
+            name: "batch_ingest / pg_upsert",
+            measured: ratio(ingest, pg),
+            limit: 0.5,
+            at_least: true,
+            unit: "",
+            scenario: "batch_ingest",
+        },
+        Target {
+            name: "batch_ingest / direct_apply",
+            measured: ratio(ingest, direct),
+            limit: 0.7,
+            at_least: true,
+            unit: "",
+            scenario: "batch_ingest",
+        },
+        Target {
+            name: "single_200rps p50",
+            measured: round2(quantile("single_200rps", 0.5)),
+            limit: 5.0,
+            at_least: false,
+            unit: " ms",
+            scenario: "single_200rps",
+        },
+        Target {
+            name: "single_200rps p99",
+            measured: round2(quantile("single_200rps", 0.99)),
+            limit: 20.0,
+            at_least: false,
+            unit: " ms",
+            scenario: "single_200rps",
+        },
+        Target {
+            name: "reject_401 requests/s",
+            measured: round1(rate("reject_401")),
+            limit: 20_000.0,
+            at_least: true,
+            unit: "",
+            scenario: "reject_401",
+        },
+        Target {
+            name: "reject_422 requests/s",
+            measured: round1(rate("reject_422")),
+            limit: 20_000.0,
+            at_least: true,
+            unit: "",
+            scenario: "reject_422",
+        },
+        Target {
+            name: "gateway peak RSS",
+            measured: run.gateway_peak_rss_mib,
+            limit: 200.0,
+            at_least: false,
+            unit: " MiB",
+            scenario: "batch_ingest",
+        },
     ];
     let targets_json: Vec<Value> = targets
         .iter()
@@ -190,8 +250,11 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
     let _ = writeln!(
         md,
         "Versions: Apache Kafka {}, PostgreSQL {} (fsync {}), Redis {}, {}.\n",
-        v["kafka"].as_str().unwrap_or(""), v["postgresql"].as_str().unwrap_or(""), v["postgresql_fsync"].as_str().unwrap_or(""),
-        v["redis"].as_str().unwrap_or(""), v["rustc"].as_str().unwrap_or("")
+        v["kafka"].as_str().unwrap_or(""),
+        v["postgresql"].as_str().unwrap_or(""),
+        v["postgresql_fsync"].as_str().unwrap_or(""),
+        v["redis"].as_str().unwrap_or(""),
+        v["rustc"].as_str().unwrap_or("")
     );
     let _ = writeln!(
         md,
@@ -201,7 +264,17 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
 
     let _ = writeln!(md, "## Targets\n\n| target | measured | limit | met |\n|---|---|---|---|");
     for t in targets {
-        let _ = writeln!(md, "| {} | {}{} | {} {}{} | {} |", t.name, t.measured, t.unit, if t.at_least { "≥" } else { "<" }, t.limit, t.unit, if t.met() { "yes" } else { "**no**" });
+        let _ = writeln!(
+            md,
+            "| {} | {}{} | {} {}{} | {} |",
+            t.name,
+            t.measured,
+            t.unit,
+            if t.at_least { "≥" } else { "<" },
+            t.limit,
+            t.unit,
+            if t.met() { "yes" } else { "**no**" }
+        );
     }
     let _ = writeln!(md, "\n| ratio | value |\n|---|---|");
     if let Some(ratios) = report["ratios"].as_object() {
@@ -209,12 +282,24 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             let _ = writeln!(md, "| {k} | {value} |");
         }
     }
-    let _ = writeln!(md, "\nPeak resident memory during batch_ingest: gateway {} MiB, writer {} MiB.\n", run.gateway_peak_rss_mib, run.writer_peak_rss_mib);
-    let missed: Vec<&Value> = report["targets"].as_array().map(|t| t.iter().filter(|t| t["met"] == json!(false)).collect()).unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "\nPeak resident memory during batch_ingest: gateway {} MiB, writer {} MiB.\n",
+        run.gateway_peak_rss_mib, run.writer_peak_rss_mib
+    );
+    let missed: Vec<&Value> = report["targets"]
+        .as_array()
+        .map(|t| t.iter().filter(|t| t["met"] == json!(false)).collect())
+        .unwrap_or_default();
     if !missed.is_empty() {
         let _ = writeln!(md, "### What bounds the missed targets\n");
         for t in missed {
-            let _ = writeln!(md, "- **{}**: {}", t["target"].as_str().unwrap_or(""), t["bound_by"].as_str().unwrap_or("no data"));
+            let _ = writeln!(
+                md,
+                "- **{}**: {}",
+                t["target"].as_str().unwrap_or(""),
+                t["bound_by"].as_str().unwrap_or("no data")
+            );
         }
         let _ = writeln!(md);
     }
@@ -227,7 +312,12 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             Counted::Items => ("items/s", &r["items_per_s"]),
             Counted::Requests => ("requests/s", &r["requests_per_s"]),
         };
-        let _ = writeln!(md, "### {name}\n\n{}; {}.\n", d["what"].as_str().unwrap_or(""), d["concurrency"].as_str().unwrap_or(""));
+        let _ = writeln!(
+            md,
+            "### {name}\n\n{}; {}.\n",
+            d["what"].as_str().unwrap_or(""),
+            d["concurrency"].as_str().unwrap_or("")
+        );
         let _ = writeln!(md, "| {unit} | requests | items | p50 ms | p90 ms | p99 ms | max ms | errors | seconds |\n|---|---|---|---|---|---|---|---|---|");
         let _ = writeln!(
             md,
@@ -251,7 +341,13 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                row["gateways"], row["writers"], b["items_per_s"], b["p50_ms"], b["p99_ms"], b["errors"], row["cores"]["machine busy"],
+                row["gateways"],
+                row["writers"],
+                b["items_per_s"],
+                b["p50_ms"],
+                b["p99_ms"],
+                b["errors"],
+                row["cores"]["machine busy"],
                 row["writer_stage"]["apply_lanes_busy_per_writer"]
             );
         }
@@ -266,18 +362,43 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                     let _ = writeln!(md, "- {name}: profile failed: {failed}");
                     continue;
                 }
-                let _ = writeln!(md, "### {name} ({} samples; flamegraph `{}`, summary `{}`)\n", p["samples"], p["flamegraph"].as_str().unwrap_or(""), p["summary"].as_str().unwrap_or(""));
+                let _ = writeln!(
+                    md,
+                    "### {name} ({} samples; flamegraph `{}`, summary `{}`)\n",
+                    p["samples"],
+                    p["flamegraph"].as_str().unwrap_or(""),
+                    p["summary"].as_str().unwrap_or("")
+                );
                 let _ = writeln!(md, "| role | % of all samples | hottest functions (self time, % of the role) | own code, inclusive (% of the role) |\n|---|---|---|---|");
-                let mut roles: Vec<(&String, &Value)> = p["by_role"].as_object().map(|o| o.iter().collect()).unwrap_or_default();
+                let mut roles: Vec<(&String, &Value)> =
+                    p["by_role"].as_object().map(|o| o.iter().collect()).unwrap_or_default();
                 roles.sort_by(|a, b| field(b.1, "percent_of_samples").total_cmp(&field(a.1, "percent_of_samples")));
                 for (role, r) in roles {
                     let list = |key: &str, n: usize| {
                         r[key]
                             .as_array()
-                            .map(|h| h.iter().take(n).map(|f| format!("`{}` {}", short(f["function"].as_str().unwrap_or("")), f["percent_of_role"])).collect::<Vec<_>>().join(", "))
+                            .map(|h| {
+                                h.iter()
+                                    .take(n)
+                                    .map(|f| {
+                                        format!(
+                                            "`{}` {}",
+                                            short(f["function"].as_str().unwrap_or("")),
+                                            f["percent_of_role"]
+                                        )
+                                    })
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            })
                             .unwrap_or_default()
                     };
-                    let _ = writeln!(md, "| {role} | {} | {} | {} |", r["percent_of_samples"], list("hottest", 4), list("own_code_inclusive", 6));
+                    let _ = writeln!(
+                        md,
+                        "| {role} | {} | {} | {} |",
+                        r["percent_of_samples"],
+                        list("hottest", 4),
+                        list("own_code_inclusive", 6)
+                    );
                 }
                 let _ = writeln!(md);
             }

@@ -77,14 +77,16 @@ pub async fn read(stack: &Stack) -> Timers {
 /// The upper bound (ms) of the bucket holding quantile `q` of what was counted between two
 /// reads: "at most this", to the buckets' resolution (powers of two from 1 ms).
 fn quantile_at_most_ms(before: &Buckets, after: &Buckets, q: f64) -> Option<f64> {
-    let delta: Vec<(u64, f64)> = after.iter().map(|(le, n)| (*le, n - before.get(le).copied().unwrap_or(0.0))).collect();
+    let delta: Vec<(u64, f64)> =
+        after.iter().map(|(le, n)| (*le, n - before.get(le).copied().unwrap_or(0.0))).collect();
     let total = delta.last().map(|(_, n)| *n).filter(|n| *n > 0.0)?;
     let (le, _) = delta.into_iter().find(|(_, n)| *n >= q * total)?;
     Some(if le == u64::MAX { f64::INFINITY } else { le as f64 / 1000.0 })
 }
 
 pub fn between(before: &Timers, after: &Timers, elapsed: Duration, writers: usize) -> Value {
-    let (seconds, groups, messages) = (after.apply_seconds - before.apply_seconds, after.groups - before.groups, after.messages - before.messages);
+    let (seconds, groups, messages) =
+        (after.apply_seconds - before.apply_seconds, after.groups - before.groups, after.messages - before.messages);
     let at_most = |b: &Buckets, a: &Buckets, q: f64| quantile_at_most_ms(b, a, q).map(round2);
     json!({
         // The mean number of groups being applied at once in a writer: at most its lanes.
