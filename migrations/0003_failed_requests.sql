@@ -3,6 +3,9 @@
 CREATE TABLE failed_requests (
     request_id   text PRIMARY KEY,
     workspace_id text NOT NULL,
+    -- The chunk that failed: the chunks after it are not applied (it may be, redriven from the
+    -- dead-letter topic).
+    chunk_index  int NOT NULL,
     failed_at    timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX failed_requests_by_age ON failed_requests (failed_at);

@@ -177,7 +177,7 @@ pub async fn fail_request(
 ) -> Result<(), Interrupted> {
     let Some(part) = part else { return Ok(()) };
     let marking =
-        policy.run("mark_failed", metrics, None, shutdown, || store::mark_request_failed(pool, workspace_id, &part.id));
+        policy.run("mark_failed", metrics, None, shutdown, || store::mark_request_failed(pool, workspace_id, part));
     match marking.await {
         Ok(()) => Ok(()),
         Err(Stop::Interrupted) => Err(Interrupted),

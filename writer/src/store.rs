@@ -6,11 +6,11 @@
 //! run of items, in order, so 16 single sends cost the statements of one.
 
 use crate::plan::{self, Fields, Plan, StoredConversion};
-use intake_common::message::{ItemResult, WriteRequestV1};
+use intake_common::message::{ItemResult, RequestPart, WriteRequestV1};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{Postgres, Row, Transaction};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -100,12 +100,14 @@ pub async fn apply_run(
 
 /// Marks a request whose chunk failed for good, so that no later chunk of it is applied, by
 /// this writer or another one after a rebalance or a restart.
-pub async fn mark_request_failed(pool: &PgPool, workspace_id: &str, request_id: &str) -> Result<(), sqlx::Error> {
+pub async fn mark_request_failed(pool: &PgPool, workspace_id: &str, part: &RequestPart) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO failed_requests (request_id, workspace_id) VALUES ($1, $2) ON CONFLICT (request_id) DO NOTHING",
+        "INSERT INTO failed_requests (request_id, workspace_id, chunk_index) VALUES ($1, $2, $3)
+         ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
     )
-    .bind(request_id)
+    .bind(&part.id)
     .bind(workspace_id)
+    .bind(i32::try_from(part.index).unwrap_or(i32::MAX))
     .execute(pool)
     .await?;
     Ok(())
@@ -208,30 +210,35 @@ async fn apply_workspace(
     ))
 }
 
-/// The requests among these (by the gateway's request id) of which a chunk failed for good.
-/// Only a request's later chunks can meet their request's failure, so the first ones cost no
-/// query.
+/// The requests among these (by the gateway's request id) of which a chunk failed for good,
+/// with that chunk's index. Only a request's later chunks can meet their request's failure, so
+/// the first ones cost no query.
 async fn failed_requests(
     tx: &mut Transaction<'_, Postgres>,
     requests: &[&WriteRequestV1],
-) -> Result<HashSet<String>, sqlx::Error> {
+) -> Result<HashMap<String, i32>, sqlx::Error> {
     let ids: Vec<&str> = requests
         .iter()
         .filter_map(|r| r.request.as_ref().filter(|part| part.index > 0))
         .map(|p| p.id.as_str())
         .collect();
     if ids.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(HashMap::new());
     }
-    let failed: Vec<String> = sqlx::query_scalar("SELECT request_id FROM failed_requests WHERE request_id = ANY($1)")
-        .bind(&ids)
-        .fetch_all(&mut **tx)
-        .await?;
+    let failed: Vec<(String, i32)> =
+        sqlx::query_as("SELECT request_id, chunk_index FROM failed_requests WHERE request_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await?;
     Ok(failed.into_iter().collect())
 }
 
-fn in_failed_request(request: &WriteRequestV1, failed: &HashSet<String>) -> bool {
-    request.request.as_ref().is_some_and(|part| part.index > 0 && failed.contains(&part.id))
+/// A chunk after the one of its request that failed.
+fn in_failed_request(request: &WriteRequestV1, failed: &HashMap<String, i32>) -> bool {
+    request
+        .request
+        .as_ref()
+        .is_some_and(|part| failed.get(&part.id).is_some_and(|&at| i64::from(part.index) > i64::from(at)))
 }
 
 /// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).
