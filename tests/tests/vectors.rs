@@ -37,15 +37,14 @@ async fn every_vector_is_what_the_gateway_stores() {
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.body["summary"]["failed"], 0, "every vector is a valid input: {reply:?}");
 
-    let rows: Vec<(String, Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT external_id, email_sha256, phone_sha256, address_sha256 FROM conversions WHERE workspace_id = $1",
+    let rows: Vec<(String, Vec<Option<String>>)> = sqlx::query_as(
+        "SELECT external_id, ARRAY[email_sha256, phone_sha256, address_sha256] FROM conversions WHERE workspace_id = $1",
     )
     .bind(&key.workspace_id)
     .fetch_all(&database().await)
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let stored: HashMap<String, [Option<String>; 3]> =
-        rows.into_iter().map(|(id, email, phone, address)| (id, [email, phone, address])).collect();
+    let stored: HashMap<String, Vec<Option<String>>> = rows.into_iter().collect();
 
     let mut pre_hashed = Vec::new();
     for (index, case) in cases.iter().enumerate() {
@@ -56,7 +55,7 @@ async fn every_vector_is_what_the_gateway_stores() {
             _ => 2,
         };
         let hashes = stored.get(&format!("v{index}")).unwrap_or_else(|| panic!("{name} not stored"));
-        assert_eq!(hashes[column].as_deref(), case["sha256"].as_str(), "{name}");
+        assert_eq!(hashes.get(column).cloned().flatten().as_deref(), case["sha256"].as_str(), "{name}");
         let warnings = &reply.body["results"][index]["conversion"]["warnings"];
         match case["warning"].as_str() {
             Some(warning) => assert_eq!(warnings, &json!([warning]), "{name}"),
