@@ -124,6 +124,23 @@ async fn erasure_by_email_finds_conversions_stored_from_hashes() {
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(erased, json!({"conversions": 1, "visits": 0}));
+
+    // One step out through an email hash sent pre-hashed: erasing a contact id finds the
+    // conversion that carries it, and through its email_sha256 the one sent with the raw email.
+    let contact = format!("crm-{}", &email_hash[..12]);
+    let mut with_contact = conversion("lead");
+    with_contact["contact_id"] = json!(contact);
+    with_contact["email_sha256"] = json!(email_hash);
+    let mut by_email = conversion("lead");
+    by_email["email"] = json!("ANN@example.com");
+    for input in [&with_contact, &by_email] {
+        assert_eq!(stack.post("/v1/conversions", &key, input).await.status, 201);
+    }
+    let erased = stack
+        .run_writer_command_with_input(&["erase", "--workspace", &key.workspace_id, "--contact-id"], &contact)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(erased, json!({"conversions": 2, "visits": 0}));
+    assert_eq!(stored_hashes(&key, &by_email["external_id"]).await, vec![None, None, None]);
 }
 
 #[tokio::test]
