@@ -233,11 +233,16 @@ impl App {
             Ok(quota) => quota,
             Err(error) => return (Err(error), None),
         };
-        // Held until the response is made; refused here, before the body is read.
-        let _admitted = match route.is_write().then(|| self.admission.admit_write(&self.writes)).transpose() {
+        // Held until the response is made; refused here, before the body is read. The write
+        // finds the workspace's ticket in the request's extensions.
+        let admitted = match route.is_write().then(|| self.admission.admit_write(&principal.workspace_id)).transpose() {
             Ok(permit) => permit,
             Err(error) => return (Err(error), quota),
         };
+        let mut request = request;
+        if let Some(permit) = &admitted {
+            request.extensions_mut().insert(permit.ticket.clone());
+        }
         let result = match route {
             Route::Workspace => workspace::get(&self.pool, &self.script_base_url, &principal).await,
             Route::Conversion => conversions::single(self, &principal, context, request).await,

@@ -120,7 +120,10 @@ async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newe
     let drained = stack
         .run_writer_command(&["replay", "--topic", &dlq, "--from-time", &from])
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(drained, json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1}));
+    assert_eq!(
+        drained,
+        json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1, "expired": 0, "request_failed": 0})
+    );
     let value = |id: String| {
         let db = db.clone();
         async move {
