@@ -239,3 +239,31 @@ async fn errors_come_in_the_batch_endpoints_order() {
     assert_eq!(reply.body["summary"], json!({"valid": 500, "failed": 0}));
     assert_eq!(stored_conversions(&key).await, 0);
 }
+
+#[tokio::test]
+async fn it_answers_while_writes_are_refused_for_overload() {
+    // No writer and a cap of one write in flight: the first write waits, the next is refused.
+    let stack = Stack::start_with(StackOptions {
+        start_writer: false,
+        write_timeout_ms: 5_000,
+        gateway_args: vec!["--max-writes-in-flight".into(), "1".into()],
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let (client, waiting_key) = (stack.client(), key.clone());
+    let waiting = tokio::spawn(async move { client.post("/v1/conversions", &waiting_key, &conversion("lead")).await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stack.metrics().await.value("intake_gateway_writes_in_flight") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the first write never got in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = stack.post("/v1/conversions/batch", &key, &batch(vec![conversion("lead")])).await;
+    assert_eq!((refused.status, refused.error_code()), (503, "service_unavailable"), "{refused:?}");
+
+    let validated = stack.post(PATH, &key, &batch(vec![conversion("lead")])).await;
+    assert_eq!(validated.status, 200, "validation needs no writer: {validated:?}");
+    assert_eq!(validated.body["summary"], json!({"valid": 1, "failed": 0}));
+    let waited = waiting.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(waited.status, 500, "no writer: the write's deadline passes");
+}
