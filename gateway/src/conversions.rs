@@ -104,7 +104,7 @@ pub async fn batch(
     Ok(json(200, &Batch { results, summary }))
 }
 
-async fn read_body(
+pub(crate) async fn read_body(
     app: &App,
     context: &RequestContext,
     request: http::Request<Incoming>,
@@ -116,7 +116,7 @@ async fn read_body(
     Ok(bytes)
 }
 
-fn parse(body: &[u8]) -> Result<Json<'_>, ApiError> {
+pub(crate) fn parse(body: &[u8]) -> Result<Json<'_>, ApiError> {
     Json::parse(body).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
 }
 

@@ -15,6 +15,7 @@ mod ready;
 mod response;
 mod routes;
 mod server;
+mod validate_only;
 mod workspace;
 mod writes;
 
