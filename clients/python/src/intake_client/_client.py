@@ -1,0 +1,178 @@
+"""The HTTP client: one conversion, many in batches, validation, the workspace; with retries."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from types import TracebackType
+from typing import Any, Callable, Iterable, Mapping
+
+import httpx
+
+from . import __version__
+from ._batching import MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Batch, Oversized, batches, to_json
+from ._errors import ApiError, TransportError
+from ._models import (
+    BatchItemResult,
+    BatchReport,
+    BatchSummary,
+    ConversionInput,
+    ConversionResult,
+    ItemError,
+    ValidationItemResult,
+    ValidationReport,
+    ValidationSummary,
+    Workspace,
+)
+
+# 429 and 503 say when to come back (Retry-After); 408 and every other 5xx are retried with
+# backoff. Re-sending is safe: the pair (event, external_id) turns a repeat into an update.
+_RETRY_AFTER_STATUSES = frozenset({429, 503})
+_BACKOFF_STATUSES = frozenset({408})
+
+
+class IntakeClient:
+    """A client of the intake API.
+
+    ``base_url`` is the API's address ending in ``/v1`` (``https://intake.example.com/v1``).
+    A request is tried at most ``max_attempts`` times: after a 429 or 503 it waits the
+    ``Retry-After`` seconds, after a 408, another 5xx or a connection error an exponential
+    backoff with jitter (``backoff_initial`` doubling up to ``backoff_max`` seconds)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        max_attempts: int = 5,
+        timeout: float = 30.0,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        http_client: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.max_attempts = max_attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._sleep = sleep
+        self._headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Accept": "application/json",
+            "User-Agent": f"intake-client-python/{__version__}",
+        }
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(timeout=timeout)
+
+    @classmethod
+    def from_env(cls, **options: Any) -> IntakeClient:
+        """A client from ``INTAKE_BASE_URL`` and ``INTAKE_API_KEY``."""
+        return cls(os.environ["INTAKE_BASE_URL"], os.environ["INTAKE_API_KEY"], **options)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> IntakeClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def send(self, conversion: ConversionInput | Mapping[str, Any]) -> ConversionResult:
+        """Creates or updates one conversion; ``result`` says which (or ``unchanged``)."""
+        body = self._request("POST", "/conversions", to_json(conversion))
+        return ConversionResult.from_json(body["conversion"])
+
+    def send_many(
+        self, conversions: Iterable[ConversionInput | Mapping[str, Any]], *, batch_size: int = MAX_BATCH_ITEMS
+    ) -> BatchReport:
+        """Sends conversions in batches of at most ``batch_size`` items and 1 MiB, in order.
+        Returns one result per item in input order, ``index`` counting over the whole input.
+        Items fail on their own; an error of a whole batch (after its retries) is raised, and
+        re-sending everything is then safe."""
+        results: list[BatchItemResult] = []
+        for part in batches(conversions, batch_size):
+            if isinstance(part, Oversized):
+                results.append(BatchItemResult(part.index, False, error=_oversized(part)))
+                continue
+            body = self._request("POST", "/conversions/batch", part.body())
+            results.extend(BatchItemResult.from_json(r, part.offset) for r in _results(body, part))
+        counts = {"created": 0, "updated": 0, "unchanged": 0}
+        for result in results:
+            if result.conversion is not None:
+                counts[result.conversion.result] = counts.get(result.conversion.result, 0) + 1
+        failed = sum(1 for r in results if not r.ok)
+        return BatchReport(results, BatchSummary(failed=failed, **counts))
+
+    def validate(
+        self, conversions: Iterable[ConversionInput | Mapping[str, Any]], *, batch_size: int = MAX_BATCH_ITEMS
+    ) -> ValidationReport:
+        """Validates and normalizes conversions without storing anything (the same batches as
+        `send_many`). Per item: ``ok`` with the warnings a send would get, or the error."""
+        results: list[ValidationItemResult] = []
+        for part in batches(conversions, batch_size):
+            if isinstance(part, Oversized):
+                results.append(ValidationItemResult(part.index, False, error=_oversized(part)))
+                continue
+            body = self._request("POST", "/conversions/validate", part.body())
+            results.extend(ValidationItemResult.from_json(r, part.offset) for r in _results(body, part))
+        valid = sum(1 for r in results if r.ok)
+        return ValidationReport(results, ValidationSummary(valid=valid, failed=len(results) - valid))
+
+    def get_workspace(self) -> Workspace:
+        """The key's workspace (verifies the key; needs the scope ``workspace:read``)."""
+        body: Workspace = self._request("GET", "/workspace", None)
+        return body
+
+    def _request(self, method: str, path: str, body: bytes | None) -> Any:
+        headers = dict(self._headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        url = self.base_url + path
+        for attempt in range(1, self.max_attempts + 1):
+            last = attempt == self.max_attempts
+            try:
+                response = self._http.request(method, url, content=body, headers=headers)
+            except httpx.TransportError as error:
+                if last:
+                    raise TransportError(f"{method} {url}: {error!r} (after {attempt} attempts)") from error
+                self._sleep(self._backoff(attempt))
+                continue
+            if response.status_code < 400:
+                return response.json()
+            error = ApiError.from_response(response)
+            status = response.status_code
+            retryable = status in _RETRY_AFTER_STATUSES or status in _BACKOFF_STATUSES or status >= 500
+            if last or not retryable:
+                raise error
+            if status in _RETRY_AFTER_STATUSES and error.retry_after is not None:
+                # A little jitter, so that clients refused together do not come back together.
+                self._sleep(error.retry_after + random.uniform(0, 0.5))
+            else:
+                self._sleep(self._backoff(attempt))
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff before the retry after attempt ``attempt``, its upper half random."""
+        full = min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1))
+        return full / 2 + random.uniform(0, full / 2)
+
+
+def _oversized(part: Oversized) -> ItemError:
+    return ItemError(
+        "payload_too_large",
+        f"the item alone ({part.size} bytes) makes a batch body over {MAX_BATCH_BYTES} bytes; not sent",
+    )
+
+
+def _results(body: Mapping[str, Any], part: Batch) -> list[Mapping[str, Any]]:
+    results = body.get("results")
+    if not isinstance(results, list) or len(results) != len(part.items):
+        raise ApiError(200, "unexpected_response", "the batch answer does not have one result per item")
+    return results
