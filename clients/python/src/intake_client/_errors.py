@@ -31,7 +31,10 @@ class ApiError(IntakeError):
         details: list[ErrorDetail] | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(f"{status} {code}: {message}" + (f" (request {request_id})" if request_id else ""))
+        text = f"{status} {code}: {message}"
+        if details:
+            text += " " + "; ".join(f"{d.path or '(root)'}: {d.message}" for d in details[:5])
+        super().__init__(text + (f" (request {request_id})" if request_id else ""))
         self.status = status
         self.code = code
         self.message = message
