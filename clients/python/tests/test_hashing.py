@@ -57,7 +57,7 @@ def test_email_rules() -> None:
 
 def test_phone_only_when_e164() -> None:
     assert hash_phone("+14155552671") == sha256_hex("+14155552671")
-    for other in ["14155552671", "+1 415 555 2671", "(415) 555-2671", "+", "+1415555267１", " +14155552671"]:
+    for other in ["14155552671", "+1 415 555 2671", "(415) 555-2671", "+", "+1415555267１", " +14155552671", "+0123456789", "+1234567890123456"]:
         assert hash_phone(other) is None, other
 
 

@@ -12,7 +12,12 @@ export declare function sha256Hex(text: string): string;
  * empty label, white space inside, or a control character anywhere.
  */
 export declare function normalizeEmail(raw: string): string | null;
-/** The phone when it is already E.164 (`+` then ASCII digits, nothing else); null otherwise: send it raw. */
+/**
+ * The phone when it is already E.164 (`+`, then 2 to 15 ASCII digits not starting with 0, nothing
+ * else); null otherwise: send it raw for the gateway to normalize. Only the form is checked: a
+ * number with its national trunk prefix after the country code (`+4402079460958`) is not E.164,
+ * and its hash would not be the gateway's.
+ */
 export declare function normalizePhone(raw: string): string | null;
 /**
  * `line1|zip|COUNTRY` as the gateway hashes it: line and zip lower-cased, ASCII punctuation and

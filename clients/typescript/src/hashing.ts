@@ -16,7 +16,8 @@ export const WHITE_SPACE =
   "\u2028\u2029\u202f\u205f\u3000";
 const whiteSpace = new Set(WHITE_SPACE);
 const asciiPunctuation = new Set("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~");
-const e164 = /^\+[0-9]+$/;
+// E.164: `+`, a country code that does not start with 0, at most 15 digits in all.
+const e164 = /^\+[1-9][0-9]{1,14}$/;
 const countryCode = /^[A-Za-z]{2}$/;
 // Postal code shapes the gateway checks, on canonical (lower-case, single-spaced) text; ASCII
 // digits only. Any other country's zip is accepted.
@@ -68,7 +69,12 @@ export function normalizeEmail(raw: string): string | null {
   return email;
 }
 
-/** The phone when it is already E.164 (`+` then ASCII digits, nothing else); null otherwise: send it raw. */
+/**
+ * The phone when it is already E.164 (`+`, then 2 to 15 ASCII digits not starting with 0, nothing
+ * else); null otherwise: send it raw for the gateway to normalize. Only the form is checked: a
+ * number with its national trunk prefix after the country code (`+4402079460958`) is not E.164,
+ * and its hash would not be the gateway's.
+ */
 export function normalizePhone(raw: string): string | null {
   return e164.test(raw) ? raw : null;
 }

@@ -25,7 +25,8 @@ WHITE_SPACE = (
 )
 _WHITE_SPACE_SET = frozenset(WHITE_SPACE)
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
-_E164 = re.compile(r"\+[0-9]+")
+# E.164: `+`, a country code that does not start with 0, at most 15 digits in all.
+_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _COUNTRY = re.compile(r"[A-Za-z]{2}")
 # Postal code shapes the gateway checks, on canonical (lower-case, single-spaced) text; ASCII
 # digits only. Any other country's zip is accepted.
@@ -63,8 +64,10 @@ def normalize_email(raw: str) -> str | None:
 
 
 def normalize_phone(raw: str) -> str | None:
-    """The phone when it is already E.164 (``+`` then ASCII digits, nothing else); ``None``
-    otherwise: such a phone is sent raw and the gateway normalizes it."""
+    """The phone when it is already E.164 (``+``, then 2 to 15 ASCII digits not starting with 0,
+    nothing else); ``None`` otherwise: such a phone is sent raw and the gateway normalizes it.
+    Only the form is checked: a number with its national trunk prefix after the country code
+    (``+4402079460958``) is not E.164, and its hash would not be the gateway's."""
     return raw if _E164.fullmatch(raw) else None
 
 
