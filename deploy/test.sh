@@ -15,14 +15,14 @@ if [ ! -x "$INTAKE_PY_VENV/bin/schemathesis" ] || [ ! -x "$INTAKE_PY_VENV/bin/op
     "$INTAKE_PY_VENV/bin/pip" install -q schemathesis==4.32.5 openapi-spec-validator==0.9.0
 fi
 
-# The client libraries' tests (clients/, run by tests/tests/clients.rs): a virtualenv with
-# httpx and pytest (the Python library itself is imported from this checkout), Node.js, and the
+# The client libraries' tests (clients/, run by tests/tests/clients.rs): a virtualenv with httpx,
+# pytest and mypy (the Python library itself is imported from this checkout), Node.js, and the
 # TypeScript library's dev dependencies (the compiler, for the check that dist/ is built).
 export INTAKE_CLIENTS_PYTHON="$INTAKE_CACHE/clients-venv/bin/python"
-if ! "$INTAKE_CLIENTS_PYTHON" -c 'import httpx, pytest' 2>/dev/null; then
+if ! "$INTAKE_CLIENTS_PYTHON" -c 'import httpx, pytest, mypy' 2>/dev/null; then
     say "installing the Python client's test tools"
     python3 -m venv "$INTAKE_CACHE/clients-venv" 2>/dev/null || { install_python_venv; python3 -m venv "$INTAKE_CACHE/clients-venv"; }
-    "$INTAKE_CACHE/clients-venv/bin/pip" install -q httpx==0.28.1 pytest==9.2.0
+    "$INTAKE_CACHE/clients-venv/bin/pip" install -q httpx==0.28.1 pytest==9.2.0 mypy==2.4.1
 fi
 if ! command -v npm >/dev/null; then
     say "installing Node.js"

@@ -1,7 +1,7 @@
 //! The client libraries of clients/ against a real stack: each library's own test suite (pytest
 //! for Python, node --test for TypeScript) runs as a subprocess with the stack's address and a
 //! key of its own, the way a user would point the library at the service. deploy/test.sh installs
-//! the tools and sets INTAKE_CLIENTS_PYTHON (a virtualenv's python with httpx and pytest; the
+//! the tools and sets INTAKE_CLIENTS_PYTHON (a virtualenv's python with httpx, pytest and mypy; the
 //! library is imported from this checkout) and INTAKE_CLIENTS_NODE; INTAKE_CLIENTS=skip says
 //! they are not installed, and these tests then say so and pass.
 

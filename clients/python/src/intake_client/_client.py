@@ -139,9 +139,9 @@ class IntakeClient:
             last = attempt == self.max_attempts
             try:
                 response = self._http.request(method, url, content=body, headers=headers)
-            except httpx.TransportError as error:
+            except httpx.TransportError as failure:
                 if last:
-                    raise TransportError(f"{method} {url}: {error!r} (after {attempt} attempts)") from error
+                    raise TransportError(f"{method} {url}: {failure!r} (after {attempt} attempts)") from failure
                 self._sleep(self._backoff(attempt))
                 continue
             if response.status_code < 400:
@@ -160,7 +160,7 @@ class IntakeClient:
 
     def _backoff(self, attempt: int) -> float:
         """Exponential backoff before the retry after attempt ``attempt``, its upper half random."""
-        full = min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1))
+        full = min(self.backoff_max, self.backoff_initial * 2.0 ** (attempt - 1))
         return full / 2 + random.uniform(0, full / 2)
 
 
