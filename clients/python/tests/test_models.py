@@ -49,6 +49,14 @@ class Schema:
             names |= self.properties(branch)
         return names
 
+    def required(self, schema: dict[str, Any]) -> set[str]:
+        """Required names of an object schema, or of the object branches of its oneOf/anyOf."""
+        schema = self.resolve(schema)
+        names = set(schema.get("required", []))
+        for branch in schema.get("oneOf", []) + schema.get("anyOf", []):
+            names |= self.required(branch)
+        return names
+
     def child(self, schema: dict[str, Any], name: str) -> dict[str, Any]:
         schema = self.resolve(schema)
         if name == "[]":
@@ -72,9 +80,9 @@ def test_conversion_input(openapi: dict[str, Any]) -> None:
     schema = Schema(openapi)
     single = schema.request("/conversions")
     assert typed_dict_keys(models.ConversionInput) == schema.properties(single)
-    assert models.ConversionInput.__required_keys__ == set(single["required"])
+    assert models.ConversionInput.__required_keys__ == schema.required(single)
     assert typed_dict_keys(models.Address) == schema.properties(schema.child(single, "address"))
-    assert models.Address.__required_keys__ == set(schema.child(single, "address")["required"])
+    assert models.Address.__required_keys__ == schema.required(schema.child(single, "address"))
     batch_item = schema.child(schema.child(schema.request("/conversions/batch"), "conversions"), "[]")
     assert schema.properties(batch_item) == schema.properties(single)
 

@@ -26,6 +26,7 @@ const conversionInputRequired = {
     occurred_at: true,
 };
 const address = { line1: true, zip: true, country: true };
+const addressRequired = { line1: true, zip: true };
 const conversionResult = {
     id: true,
     event: true,
@@ -56,6 +57,7 @@ export const MODEL_FIELDS = Object.fromEntries(Object.entries({
     conversionInput,
     conversionInputRequired,
     address,
+    addressRequired,
     conversionResult,
     itemError,
     errorDetail,

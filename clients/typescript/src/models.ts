@@ -107,6 +107,8 @@ export interface Workspace {
 type KeysOfUnion<T> = T extends unknown ? keyof T : never;
 /** Every key of T, no more, no less: the compiler refuses a list that drifts from its type. */
 type Fields<T> = Record<KeysOfUnion<T>, true>;
+/** The keys T requires. */
+type RequiredKeys<T> = { [K in keyof T]-?: object extends Pick<T, K> ? never : K }[keyof T];
 
 const conversionInput: Fields<ConversionInput> = {
   event: true,
@@ -128,12 +130,13 @@ const conversionInput: Fields<ConversionInput> = {
   hdyhau: true,
   tags: true,
 };
-const conversionInputRequired: Record<"event" | "external_id" | "occurred_at", true> = {
+const conversionInputRequired: Record<RequiredKeys<ConversionInput>, true> = {
   event: true,
   external_id: true,
   occurred_at: true,
 };
 const address: Fields<Address> = { line1: true, zip: true, country: true };
+const addressRequired: Record<RequiredKeys<Address>, true> = { line1: true, zip: true };
 const conversionResult: Fields<ConversionResult> = {
   id: true,
   event: true,
@@ -166,6 +169,7 @@ export const MODEL_FIELDS: Readonly<Record<string, readonly string[]>> = Object.
     conversionInput,
     conversionInputRequired,
     address,
+    addressRequired,
     conversionResult,
     itemError,
     errorDetail,

@@ -32,6 +32,15 @@ class Schema {
     }
     return names;
   }
+  /** Required names of an object schema, or of the object branches of its oneOf/anyOf. */
+  required(schema) {
+    schema = this.resolve(schema);
+    const names = new Set(schema.required ?? []);
+    for (const branch of [...(schema.oneOf ?? []), ...(schema.anyOf ?? [])]) {
+      for (const name of this.required(branch)) names.add(name);
+    }
+    return names;
+  }
   child(schema, name) {
     schema = this.resolve(schema);
     if (name === "[]") return this.resolve(schema.items);
@@ -49,9 +58,10 @@ test("ConversionInput and Address", async () => {
   const schema = new Schema(await openapi());
   const single = schema.request("/conversions");
   assert.deepEqual(fields("conversionInput"), schema.properties(single));
-  assert.deepEqual(fields("conversionInputRequired"), new Set(single.required));
+  assert.deepEqual(fields("conversionInputRequired"), schema.required(single));
   const address = schema.child(single, "address");
   assert.deepEqual(fields("address"), schema.properties(address));
+  assert.deepEqual(fields("addressRequired"), schema.required(address));
   const item = schema.child(schema.child(schema.request("/conversions/batch"), "conversions"), "[]");
   assert.deepEqual(schema.properties(item), schema.properties(single));
 });

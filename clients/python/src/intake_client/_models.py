@@ -2,8 +2,7 @@
 results are dataclasses built from the JSON, ignoring fields this version does not know (SPEC 9.2).
 A test holds every field list here to the OpenAPI document the gateway serves."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict must see `Required` at class creation.
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Required, TypedDict
 
@@ -48,7 +47,7 @@ class ConversionResult:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ConversionResult:
+    def from_json(cls, data: Mapping[str, Any]) -> "ConversionResult":
         return cls(
             id=data["id"],
             event=data["event"],
@@ -65,7 +64,7 @@ class ErrorDetail:
     message: str
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ErrorDetail:
+    def from_json(cls, data: Mapping[str, Any]) -> "ErrorDetail":
         return cls(path=str(data.get("path", "")), message=str(data.get("message", "")))
 
 
@@ -82,7 +81,7 @@ class ItemError:
     details: list[ErrorDetail] = field(default_factory=list)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ItemError:
+    def from_json(cls, data: Mapping[str, Any]) -> "ItemError":
         return cls(code=str(data.get("code", "")), message=str(data.get("message", "")), details=_details(data))
 
 
@@ -96,7 +95,7 @@ class BatchItemResult:
     error: ItemError | None = None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], offset: int = 0) -> BatchItemResult:
+    def from_json(cls, data: Mapping[str, Any], offset: int = 0) -> "BatchItemResult":
         ok = bool(data["ok"])
         return cls(
             index=int(data["index"]) + offset,
@@ -132,7 +131,7 @@ class ValidationItemResult:
     error: ItemError | None = None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], offset: int = 0) -> ValidationItemResult:
+    def from_json(cls, data: Mapping[str, Any], offset: int = 0) -> "ValidationItemResult":
         ok = bool(data["ok"])
         return cls(
             index=int(data["index"]) + offset,
