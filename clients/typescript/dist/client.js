@@ -20,6 +20,10 @@ export class IntakeClient {
     fetch;
     sleep;
     constructor(options) {
+        if (!options.baseUrl)
+            throw new TypeError("baseUrl is required: the API's address ending in /v1");
+        if (!options.apiKey)
+            throw new TypeError("apiKey is required: a svc_live_... key");
         this.baseUrl = options.baseUrl.replace(/\/+$/, "");
         this.apiKey = options.apiKey;
         this.maxAttempts = options.maxAttempts ?? 5;

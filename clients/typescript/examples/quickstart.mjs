@@ -8,4 +8,5 @@ console.log((await client.send(prehash(lead))).result); // created; unchanged wh
 const deals = [0, 1, 2].map((n) => ({ event: "signed", external_id: `deal-2001-${n}`, parent_external_id: "crm-2001",
   occurred_at: "2025-06-02T10:00:00Z", value: "990.00", currency: "USD" }));
 console.log((await client.sendMany(deals)).summary); // batches of <= 500 items and 1 MiB, retried when safe
-console.log((await client.validate([{ ...deals[0], event: "not valid!" }])).results[0]); // stores nothing
+const check = await client.validate([{ ...deals[0], event: "not valid!" }]); // stores nothing
+console.log(JSON.stringify(check.results[0]));

@@ -58,6 +58,8 @@ export class IntakeClient {
   private readonly sleep: (ms: number) => Promise<void>;
 
   constructor(options: ClientOptions) {
+    if (!options.baseUrl) throw new TypeError("baseUrl is required: the API's address ending in /v1");
+    if (!options.apiKey) throw new TypeError("apiKey is required: a svc_live_... key");
     this.baseUrl = options.baseUrl.replace(/\/+$/, "");
     this.apiKey = options.apiKey;
     this.maxAttempts = options.maxAttempts ?? 5;

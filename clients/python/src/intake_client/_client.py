@@ -52,6 +52,10 @@ class IntakeClient:
         http_client: httpx.Client | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if not base_url:
+            raise ValueError("base_url is required: the API's address ending in /v1")
+        if not api_key:
+            raise ValueError("api_key is required: a svc_live_... key")
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.base_url = base_url.rstrip("/")
