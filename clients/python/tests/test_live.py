@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -9,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import conversion, unique
-from intake_client import MAX_BATCH_BYTES, ApiError, IntakeClient, TransportError, prehash
+from intake_client import MAX_BATCH_BYTES, ApiError, AsyncIntakeClient, IntakeClient, TransportError, prehash
 
 
 def test_send_creates_then_reports_unchanged_and_updated(client: IntakeClient) -> None:
@@ -144,3 +145,17 @@ def test_connection_errors_are_retried_then_raised() -> None:
     with pytest.raises(TransportError):
         client.send(conversion())
     assert len(sleeps) == 2
+
+
+def test_the_async_client_against_the_service(live: tuple[str, str]) -> None:
+    async def run() -> None:
+        async with AsyncIntakeClient(*live) as client:
+            workspace, sent = await asyncio.gather(client.get_workspace(), client.send(conversion("lead")))
+            assert workspace["workspace"]["id"].startswith("ws_") and sent.result == "created"
+            items = [conversion("signed") for _ in range(3)] + [{"event": "lead"}]
+            report = await client.send_many(items, batch_size=2)
+            assert [(r.index, r.ok) for r in report.results] == [(0, True), (1, True), (2, True), (3, False)]
+            checked = await client.validate(items)
+            assert (checked.summary.valid, checked.summary.failed) == (3, 1)
+
+    asyncio.run(run())

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Callable
 
 import httpx
 import pytest
 
-from intake_client import ApiError, IntakeClient, TransportError
+from intake_client import ApiError, AsyncIntakeClient, IntakeClient, TransportError
 
 CONVERSION = {"event": "lead", "external_id": "1", "occurred_at": 1_700_000_000_000}
 CREATED = {"id": "cnv_1", "event": "lead", "external_id": "1", "chain_id": "chn_1", "result": "created"}
@@ -161,3 +162,35 @@ def test_send_many_reports_global_indexes_and_counts() -> None:
     assert [r.index for r in report.results] == list(range(7))
     assert [r.conversion.external_id for r in report.results if r.conversion] == [str(i) for i in range(7)]
     assert report.summary.created == 7 and report.summary.failed == 0
+
+
+def test_the_async_client_retries_alike() -> None:
+    answers: list[httpx.Response | Exception] = [
+        error(429, "rate_limited", {"Retry-After": "3"}),
+        httpx.ConnectError("refused"),
+        httpx.Response(201, json={"conversion": CREATED}),
+    ]
+    requests: list[httpx.Request] = []
+    sleeps: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    async def run() -> str:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        async with AsyncIntakeClient("https://intake.test/v1", "svc_live_x", http_client=http, sleep=sleep) as client:
+            result = await client.send(CONVERSION)
+        await http.aclose()
+        return result.result
+
+    assert asyncio.run(run()) == "created"
+    assert len(requests) == 3
+    assert 3 <= sleeps[0] <= 3.5 and 0.5 <= sleeps[1] <= 1.0, "the second retry backs off 0.5 to 1 s"
+    assert requests[0].headers["authorization"] == "Bearer svc_live_x"

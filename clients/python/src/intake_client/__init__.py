@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from ._batching import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
-from ._client import IntakeClient
+from ._client import AsyncIntakeClient, IntakeClient
 from ._errors import ApiError, IntakeError, TransportError
 from ._models import (
     Address,
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_BATCH_ITEMS",
     "Address",
     "ApiError",
+    "AsyncIntakeClient",
     "BatchItemResult",
     "BatchReport",
     "BatchSummary",
