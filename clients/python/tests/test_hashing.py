@@ -96,3 +96,9 @@ def test_prehash_replaces_raw_identifiers() -> None:
     assert "email" in sent, "the input is left as it was"
     local = prehash({"event": "lead", "external_id": 1, "occurred_at": 1, "phone": "020 7946 0958", "email": "x"})
     assert local == {"event": "lead", "external_id": 1, "occurred_at": 1, "phone": "020 7946 0958"}
+
+
+def test_lower_case_is_the_gateways_unicode_not_pythons() -> None:
+    # Case pairs newer than Python 3.11's Unicode 14: Latin, Garay, Beria Erfe.
+    assert normalize_email("\ua7cbnn@example.com") == "\u0264nn@example.com"
+    assert normalize_address("\U00010d50 \U00016ea0 \ua7dc", "1010", "AT") == "\U00010d70 \U00016ebb \u019b|1010|AT"

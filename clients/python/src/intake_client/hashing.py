@@ -39,6 +39,27 @@ _POSTAL = {
 }
 
 
+# Lower-case pairs of Unicode 16 and 17, which the gateway's Rust knows and Python 3.11's
+# Unicode 14 tables do not; applied after `str.lower()`, so a newer Python loses nothing.
+_NEWER_LOWER_CASE = {
+    0x1C89: 0x1C8A,
+    0xA7CB: 0x0264,
+    0xA7CC: 0xA7CD,
+    0xA7CE: 0xA7CF,
+    0xA7D2: 0xA7D3,
+    0xA7D4: 0xA7D5,
+    0xA7DA: 0xA7DB,
+    0xA7DC: 0x019B,
+    **{upper: upper + 0x20 for upper in range(0x10D50, 0x10D66)},  # Garay
+    **{upper: upper + 0x1B for upper in range(0x16EA0, 0x16EB9)},  # Beria Erfe
+}
+
+
+def _lower(text: str) -> str:
+    """Rust's `str::to_lowercase`: full case mapping, final sigma included."""
+    return text.lower().translate(_NEWER_LOWER_CASE)
+
+
 def sha256_hex(text: str) -> str:
     """Lower-case hex SHA-256 of the UTF-8 text."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -54,7 +75,7 @@ def normalize_email(raw: str) -> str | None:
     or with an empty label, white space inside, or a control character anywhere."""
     if _has_control_chars(raw):
         return None
-    email = raw.strip(WHITE_SPACE).lower()
+    email = _lower(raw.strip(WHITE_SPACE))
     local, at, domain = email.partition("@")
     if not at or not local or "@" in domain or "." not in domain:
         return None
@@ -74,7 +95,7 @@ def normalize_phone(raw: str) -> str | None:
 def _canonical_text(raw: str) -> str:
     words: list[str] = []
     word: list[str] = []
-    for c in raw.lower():
+    for c in _lower(raw):
         if c in _ASCII_PUNCTUATION or c in _WHITE_SPACE_SET:
             if word:
                 words.append("".join(word))
