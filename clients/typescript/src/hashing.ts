@@ -29,6 +29,31 @@ const postal: Record<string, RegExp> = {
   FR: /^[0-9]{5}$/,
 };
 
+// Lower-case pairs of Unicode 16 and 17, which the gateway's Rust knows and the ICU of an older
+// Node 20 may not; applied after `toLowerCase()`, so a newer ICU loses nothing.
+const newerLowerCase = new Map<string, string>([
+  ["\u1c89", "\u1c8a"],
+  ["\ua7cb", "\u0264"],
+  ["\ua7cc", "\ua7cd"],
+  ["\ua7ce", "\ua7cf"],
+  ["\ua7d2", "\ua7d3"],
+  ["\ua7d4", "\ua7d5"],
+  ["\ua7da", "\ua7db"],
+  ["\ua7dc", "\u019b"],
+]);
+for (let upper = 0x10d50; upper <= 0x10d65; upper++) {
+  newerLowerCase.set(String.fromCodePoint(upper), String.fromCodePoint(upper + 0x20)); // Garay
+}
+for (let upper = 0x16ea0; upper <= 0x16eb8; upper++) {
+  newerLowerCase.set(String.fromCodePoint(upper), String.fromCodePoint(upper + 0x1b)); // Beria Erfe
+}
+const newerUpperCase = /[\u1c89\ua7cb-\ua7dc\u{10d50}-\u{10d65}\u{16ea0}-\u{16eb8}]/gu;
+
+/** Rust's `str::to_lowercase`: full case mapping, final sigma included. */
+function lower(text: string): string {
+  return text.toLowerCase().replace(newerUpperCase, (c) => newerLowerCase.get(c) ?? c);
+}
+
 /** Lower-case hex SHA-256 of the UTF-8 text. */
 export function sha256Hex(text: string): string {
   return createHash("sha256").update(text, "utf8").digest("hex");
@@ -58,7 +83,7 @@ function trimWhiteSpace(text: string): string {
  */
 export function normalizeEmail(raw: string): string | null {
   if (hasControlChars(raw)) return null;
-  const email = trimWhiteSpace(raw).toLowerCase();
+  const email = lower(trimWhiteSpace(raw));
   const at = email.indexOf("@");
   if (at < 0) return null;
   const local = email.slice(0, at);
@@ -82,7 +107,7 @@ export function normalizePhone(raw: string): string | null {
 function canonicalText(raw: string): string {
   const words: string[] = [];
   let word = "";
-  for (const c of raw.toLowerCase()) {
+  for (const c of lower(raw)) {
     if (asciiPunctuation.has(c) || whiteSpace.has(c)) {
       if (word) words.push(word);
       word = "";

@@ -102,3 +102,8 @@ test("prehash replaces raw identifiers", () => {
     phone: "020 7946 0958",
   });
 });
+
+test("lower case is the gateway's Unicode", () => {
+  assert.equal(normalizeEmail("\ua7cbnn@example.com"), "\u0264nn@example.com");
+  assert.equal(normalizeAddress("\u{10d50} \u{16ea0} \ua7dc", "1010", "AT"), "\u{10d70} \u{16ebb} \u019b|1010|AT");
+});
