@@ -27,6 +27,28 @@ if [ ! -x "$INTAKE_PY_VENV/bin/schemathesis" ] || [ ! -x "$INTAKE_PY_VENV/bin/op
     "$INTAKE_PY_VENV/bin/pip" install -q schemathesis==4.32.5 openapi-spec-validator==0.9.0
 fi
 
+# The client libraries' tests (clients/, run by tests/tests/clients.rs): a virtualenv with httpx,
+# pytest and mypy (the Python library itself is imported from this checkout), Node.js, and the
+# TypeScript library's dev dependencies (the compiler, for the check that dist/ is built).
+export INTAKE_CLIENTS_PYTHON="$INTAKE_CACHE/clients-venv/bin/python"
+if ! "$INTAKE_CLIENTS_PYTHON" -c 'import httpx, pytest, mypy' 2>/dev/null; then
+    say "installing the Python client's test tools"
+    python3 -m venv "$INTAKE_CACHE/clients-venv" 2>/dev/null || { install_python_venv; python3 -m venv "$INTAKE_CACHE/clients-venv"; }
+    "$INTAKE_CACHE/clients-venv/bin/pip" install -q httpx==0.28.1 pytest==9.2.0 mypy==2.4.1
+fi
+if ! command -v npm >/dev/null; then
+    say "installing Node.js"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+export INTAKE_CLIENTS_NODE="$(command -v node)"
+# Again whenever the lock file changes (a copy of it marks what node_modules was installed from).
+if ! cmp -s "$REPO/clients/typescript/package-lock.json" "$REPO/clients/typescript/node_modules/.installed-lock"; then
+    say "installing the TypeScript client's dev dependencies"
+    (cd "$REPO/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error \
+        && cp package-lock.json node_modules/.installed-lock)
+fi
+
 create_database intake_test
 export DATABASE_URL="$(database_url intake_test)"
 # Databases that tests made for themselves (tests/src/lib.rs own_database) in earlier runs.
