@@ -7,6 +7,7 @@
 
 use crate::api_error::ApiError;
 use crate::metrics::{CacheLabels, CacheResult, Metrics};
+use crate::sink::BoxFuture;
 use intake_common::error::ErrorCode;
 use moka::future::Cache;
 use sha2::{Digest, Sha256};
@@ -15,6 +16,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const KEY_PREFIX: &str = "svc_live_";
+
+/// Who sent a request, from its Authorization header: the seam between the authentication
+/// layer and the key store (PostgreSQL behind a cache in the gateway, a fixed map in the fast
+/// tests).
+pub trait Authenticate: Send + Sync {
+    /// The caller, in the design's error order: missing_api_key, invalid_api_key,
+    /// workspace_not_found, workspace_suspended.
+    fn authenticate<'a>(
+        &'a self,
+        authorization: Option<&'a http::HeaderValue>,
+    ) -> BoxFuture<'a, Result<Principal, ApiError>>;
+}
 
 /// An authenticated caller.
 #[derive(Debug, Clone)]
@@ -74,9 +87,7 @@ impl Authenticator {
         Authenticator { pool, cache, last_known, metrics }
     }
 
-    /// The caller behind the Authorization header, in the design's error order:
-    /// missing_api_key, invalid_api_key, workspace_not_found, workspace_suspended.
-    pub async fn authenticate(&self, authorization: Option<&http::HeaderValue>) -> Result<Principal, ApiError> {
+    async fn look_up(&self, authorization: Option<&http::HeaderValue>) -> Result<Principal, ApiError> {
         let key = authorization
             .and_then(|value| value.to_str().ok())
             .and_then(presented_key)
@@ -145,6 +156,47 @@ impl Authenticator {
             Some((_, _, _, _, status, _)) if status == "suspended" => Lookup::WorkspaceSuspended,
             Some((key_id, scopes, _, workspace_id, ..)) => Lookup::Active(Principal { key_id, workspace_id, scopes }),
         })
+    }
+}
+
+impl Authenticate for Authenticator {
+    fn authenticate<'a>(
+        &'a self,
+        authorization: Option<&'a http::HeaderValue>,
+    ) -> BoxFuture<'a, Result<Principal, ApiError>> {
+        Box::pin(self.look_up(authorization))
+    }
+}
+
+/// A fixed set of keys, each with its answer, for the fast tests: the header is read as the
+/// gateway reads it, and a key not in the set is invalid.
+#[cfg(test)]
+#[derive(Default)]
+pub struct MemoryKeys(std::collections::HashMap<String, Result<Principal, ErrorCode>>);
+
+#[cfg(test)]
+impl MemoryKeys {
+    pub fn with(mut self, key: &str, answer: Result<Principal, ErrorCode>) -> Self {
+        self.0.insert(key.to_owned(), answer);
+        self
+    }
+}
+
+#[cfg(test)]
+impl Authenticate for MemoryKeys {
+    fn authenticate<'a>(
+        &'a self,
+        authorization: Option<&'a http::HeaderValue>,
+    ) -> BoxFuture<'a, Result<Principal, ApiError>> {
+        let key = authorization.and_then(|value| value.to_str().ok()).and_then(presented_key);
+        let answer = match key {
+            None => Err(ApiError::Code(ErrorCode::MissingApiKey)),
+            Some(key) => match self.0.get(key) {
+                Some(answer) => answer.clone().map_err(ApiError::Code),
+                None => Err(ApiError::Code(ErrorCode::InvalidApiKey)),
+            },
+        };
+        Box::pin(std::future::ready(answer))
     }
 }
 

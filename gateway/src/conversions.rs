@@ -2,13 +2,14 @@
 //! against the conversion limit, then write through Kafka and answer with the writer's results.
 
 use crate::api_error::{ApiError, ErrorBody};
-use crate::app::{App, RequestContext};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
+use crate::context::{self, RequestContext};
 use crate::overload::WorkspaceTicket;
 use crate::ratelimit::Counter;
 use crate::response::{json, Response};
-use crate::writes::WriteError;
+use crate::sink::WriteError;
+use crate::state::AppState;
 use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::{Conversion, ValidConversion, Warning};
@@ -17,20 +18,16 @@ use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
 use intake_common::validate::{validate_batch, validate_conversion, Json};
 use serde::Serialize;
 
-pub async fn single(
-    app: &App,
-    principal: &Principal,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
-) -> Result<Response, ApiError> {
+pub async fn single(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
-    let body = read_body(app, context, request, SINGLE_LIMIT).await?;
+    let (context, principal, ticket) = from_layers(&request)?;
+    let body = read_body(state, &context, request, SINGLE_LIMIT).await?;
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
-    app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
-    let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms, ticket.as_ref()).await?;
+    state.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
+    let write = Write { state, principal: &principal, context: &context, received_at_ms, ticket: &ticket };
+    let results = write.chunks(vec![vec![valid.conversion]]).await?;
     let result = results.into_iter().flatten().next().ok_or_else(|| ApiError::Internal("empty reply".into()))?;
     let status = if result.result == WriteResult::Created { 201 } else { 200 };
     #[derive(Serialize)]
@@ -40,20 +37,15 @@ pub async fn single(
     Ok(json(status, &Single { conversion: ConversionBody::new(&result, &valid.warnings) }))
 }
 
-pub async fn batch(
-    app: &App,
-    principal: &Principal,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
-) -> Result<Response, ApiError> {
+pub async fn batch(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
-    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let (context, principal, ticket) = from_layers(&request)?;
+    let body = read_body(state, &context, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
     // Every item counts, valid or not (DESIGN section 4).
-    app.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
+    state.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
     // The valid conversions move into the chunks; each item keeps its warnings or its error.
     let mut valid = Vec::with_capacity(validated.len());
@@ -67,11 +59,8 @@ pub async fn batch(
             .map_err(ApiError::from)
         })
         .collect();
-    let written: Vec<ItemResult> = write(app, principal, context, into_chunks(valid), received_at_ms, ticket.as_ref())
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
+    let write = Write { state, principal: &principal, context: &context, received_at_ms, ticket: &ticket };
+    let written: Vec<ItemResult> = write.chunks(into_chunks(valid)).await?.into_iter().flatten().collect();
 
     let mut written = written.iter();
     let missing = ApiError::Internal("missing item result".into());
@@ -104,14 +93,22 @@ pub async fn batch(
     Ok(json(200, &Batch { results, summary }))
 }
 
+/// What the layers found out about a write: its context, its principal, its admission ticket.
+fn from_layers(
+    request: &http::Request<Incoming>,
+) -> Result<(RequestContext, Principal, Option<WorkspaceTicket>), ApiError> {
+    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
+    Ok((RequestContext::of(request), context::required::<Principal, _>(request)?, ticket))
+}
+
 pub(crate) async fn read_body(
-    app: &App,
+    state: &AppState,
     context: &RequestContext,
     request: http::Request<Incoming>,
     limit: usize,
 ) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
-    let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
+    let bytes = body::read_limited(&parts.headers, body, limit, state.body_read_timeout).await?;
     context.body_read();
     Ok(bytes)
 }
@@ -130,24 +127,30 @@ fn into_chunks(conversions: Vec<Conversion>) -> Vec<Vec<Conversion>> {
     chunks
 }
 
-async fn write(
-    app: &App,
-    principal: &Principal,
-    context: &RequestContext,
-    chunks: Vec<Vec<Conversion>>,
+/// A request's write through the sink.
+struct Write<'a> {
+    state: &'a AppState,
+    principal: &'a Principal,
+    context: &'a RequestContext,
     received_at_ms: i64,
-    ticket: Option<&WorkspaceTicket>,
-) -> Result<Vec<Vec<ItemResult>>, ApiError> {
-    if chunks.is_empty() {
-        return Ok(Vec::new());
+    ticket: &'a Option<WorkspaceTicket>,
+}
+
+impl Write<'_> {
+    async fn chunks(&self, chunks: Vec<Vec<Conversion>>) -> Result<Vec<Vec<ItemResult>>, ApiError> {
+        if chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Write { state, principal, context, received_at_ms, ticket } = self;
+        state
+            .writes
+            .write(&context.id, &principal.workspace_id, chunks, *received_at_ms, context.started, ticket.as_ref())
+            .await
+            .map_err(|error: WriteError| {
+                state.metrics.write_failures.inc();
+                ApiError::Internal(error.to_string())
+            })
     }
-    app.writes
-        .write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started, ticket)
-        .await
-        .map_err(|error: WriteError| {
-            app.metrics.write_failures.inc();
-            ApiError::Internal(error.to_string())
-        })
 }
 
 /// A written conversion as the response shows it.

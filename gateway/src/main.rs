@@ -6,7 +6,10 @@ mod api_error;
 mod app;
 mod auth;
 mod body;
+mod context;
 mod conversions;
+mod layers;
+mod limits;
 mod metrics;
 mod openapi;
 mod overload;
@@ -15,13 +18,15 @@ mod ready;
 mod response;
 mod routes;
 mod server;
+mod sink;
+mod state;
 mod validate_only;
 mod workspace;
 mod writes;
 
-use app::App;
 use clap::Parser;
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
+use state::AppState;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -185,15 +190,15 @@ async fn main() -> anyhow::Result<()> {
         capacity: config.key_cache_capacity,
         stale_ttl: ms(config.auth_stale_ttl_ms),
     };
-    let app = Arc::new(App {
-        auth: auth::Authenticator::new(pool.clone(), key_cache, metrics.clone()),
-        limiter: ratelimit::RateLimiter::new(
+    let state = Arc::new(AppState {
+        auth: Arc::new(auth::Authenticator::new(pool.clone(), key_cache, metrics.clone())),
+        limiter: Arc::new(ratelimit::RateLimiter::new(
             &config.redis_url,
             ms(config.redis_timeout_ms),
             config.requests_per_minute,
             config.conversions_per_minute,
             metrics.clone(),
-        )?,
+        )?),
         admission: overload::Admission::new(
             config.max_writes_in_flight,
             config.workspace_write_share_percent,
@@ -212,7 +217,7 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let api_server = tokio::spawn(server::serve(
         api,
-        app::api_service(app, config.max_requests_in_flight),
+        app::api_service(state, config.max_requests_in_flight),
         settings,
         shutdown.clone(),
     ));

@@ -4,7 +4,7 @@
 //! a flood of probes cannot load PostgreSQL or Kafka. Not ready from the moment shutdown starts,
 //! before the listener closes.
 
-use crate::writes::WriteClient;
+use crate::sink::WriteSink;
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,7 +38,7 @@ impl Readiness {
     }
 
     /// Checks now and then every second, forever.
-    pub async fn keep_checking(self: Arc<Self>, pool: PgPool, writes: Arc<WriteClient>) {
+    pub async fn keep_checking(self: Arc<Self>, pool: PgPool, writes: Arc<dyn WriteSink>) {
         let mut interval = tokio::time::interval(CHECK_EVERY);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -4,23 +4,21 @@
 //! send would do with it: its warnings, or its error.
 
 use crate::api_error::ApiError;
-use crate::app::{App, RequestContext};
 use crate::body::BATCH_LIMIT;
+use crate::context::RequestContext;
 use crate::conversions::{parse, read_body};
 use crate::response::{json, Response};
+use crate::state::AppState;
 use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::Warning;
 use intake_common::validate::validate_batch;
 use serde::Serialize;
 
-pub async fn batch(
-    app: &App,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
-) -> Result<Response, ApiError> {
+pub async fn batch(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let context = RequestContext::of(&request);
+    let body = read_body(state, &context, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());

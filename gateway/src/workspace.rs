@@ -2,13 +2,16 @@
 
 use crate::api_error::ApiError;
 use crate::auth::Principal;
+use crate::context;
 use crate::response::{json, Response};
+use crate::state::AppState;
 use serde_json::json;
-use sqlx::PgPool;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-pub async fn get(pool: &PgPool, script_base_url: &str, principal: &Principal) -> Result<Response, ApiError> {
+pub async fn get<B>(state: &AppState, request: &http::Request<B>) -> Result<Response, ApiError> {
+    let principal = context::required::<Principal, _>(request)?;
+    let (pool, script_base_url) = (&state.pool, &state.script_base_url);
     let internal = |error: sqlx::Error| ApiError::Internal(format!("workspace read: {error}"));
     let (id, name, project_id, status, site_restriction): (String, String, String, String, String) =
         sqlx::query_as("SELECT id, name, project_id, status, site_restriction FROM workspaces WHERE id = $1")

@@ -5,6 +5,7 @@
 
 use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
+use crate::sink::{BoxFuture, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::conversion::Conversion;
 use intake_common::ids;
@@ -25,18 +26,6 @@ pub const REQUEST_ID_HEADER: &str = "request_id";
 
 /// How long one readiness probe of Kafka may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error("the request could not be sent to Kafka: {0}")]
-    Produce(String),
-    #[error("no reply from a writer before the deadline")]
-    Timeout,
-    #[error("a writer could not apply a chunk")]
-    Failed,
-    #[error("a chunk reached Kafka after its deadline and was not applied")]
-    Expired,
-}
 
 /// The chunks waiting for their reply. A chunk whose request gave up stays until its reply comes
 /// (or [`FORGET_AFTER`]), so that it keeps counting against its workspace's admission.
@@ -116,7 +105,7 @@ impl WriteClient {
     /// per broker (common/src/kafka.rs), so chunks of one partition keep their order through
     /// retries, and a batch costs one round trip instead of one per chunk. On an error, earlier chunks may be committed
     /// (SPEC 4.3).
-    pub async fn write(
+    async fn request_reply(
         &self,
         request_id: &str,
         workspace_id: &str,
@@ -175,7 +164,7 @@ impl WriteClient {
 
     /// For readiness: the reply partition is assigned to this gateway and its leader answers,
     /// and the broker knows the requests topic.
-    pub async fn probe(&self) -> Result<(), String> {
+    async fn check_kafka(&self) -> Result<(), String> {
         let consumer = self.consumer.clone();
         let producer = self.producer.clone();
         let (replies, partition, requests) =
@@ -196,6 +185,24 @@ impl WriteClient {
             }
         };
         tokio::task::spawn_blocking(probe).await.map_err(|e| e.to_string())?
+    }
+}
+
+impl WriteSink for WriteClient {
+    fn write<'a>(
+        &'a self,
+        request_id: &'a str,
+        workspace_id: &'a str,
+        chunks: Vec<Vec<Conversion>>,
+        received_at_ms: i64,
+        started: std::time::Instant,
+        ticket: Option<&'a WorkspaceTicket>,
+    ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+        Box::pin(self.request_reply(request_id, workspace_id, chunks, received_at_ms, started, ticket))
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(self.check_kafka())
     }
 }
 

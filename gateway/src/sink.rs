@@ -1,0 +1,158 @@
+//! Where the endpoints' writes go: the [`WriteSink`] seam between the HTTP handlers and the
+//! write path. The gateway runs on the Kafka request-reply client ([`crate::writes::WriteClient`]);
+//! the fast tests of the API's HTTP behaviour run on [`MemorySink`], which needs no broker and no
+//! database.
+
+use crate::overload::WorkspaceTicket;
+use intake_common::conversion::Conversion;
+use intake_common::message::ItemResult;
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed future, for the seams' traits: stable Rust has no `async fn` in traits used as
+/// `dyn`, and this is what the `async-trait` crate would generate, without the dependency.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    #[error("the request could not be sent to Kafka: {0}")]
+    Produce(String),
+    #[error("no reply from a writer before the deadline")]
+    Timeout,
+    #[error("a writer could not apply a chunk")]
+    Failed,
+    #[error("a chunk reached Kafka after its deadline and was not applied")]
+    Expired,
+}
+
+/// Writes a request's chunks and answers with each item's result, chunk by chunk, in order.
+pub trait WriteSink: Send + Sync {
+    /// All the chunks of one request, within one deadline counted from `started` (when the
+    /// request arrived). On an error, earlier chunks may be committed (docs/api.md, "Batch").
+    /// The `ticket` counts each chunk against its workspace's admission until it is answered.
+    fn write<'a>(
+        &'a self,
+        request_id: &'a str,
+        workspace_id: &'a str,
+        chunks: Vec<Vec<Conversion>>,
+        received_at_ms: i64,
+        started: std::time::Instant,
+        ticket: Option<&'a WorkspaceTicket>,
+    ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>>;
+
+    /// For readiness: `Ok` when a write could be made now, else what fails.
+    fn probe(&self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+#[cfg(test)]
+pub use memory::{MemorySink, Outcome};
+
+#[cfg(test)]
+mod memory {
+    use super::{BoxFuture, WriteError, WriteSink};
+    use crate::overload::WorkspaceTicket;
+    use intake_common::conversion::Conversion;
+    use intake_common::ids;
+    use intake_common::message::{ItemResult, WriteResult};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// What [`MemorySink`] does with the next writes.
+    #[derive(Debug, Clone)]
+    pub enum Outcome {
+        /// Answers from its map, as a writer would for a new, changed or repeated conversion.
+        Apply,
+        /// Fails every write with this error.
+        Fail(WriteError),
+        /// Never answers (the request waits until its client or the test gives up).
+        Hang,
+    }
+
+    type Key = (String, String, String);
+
+    /// A sink that applies nothing to a database: it remembers each conversion by (workspace,
+    /// event, external id) and answers created for a new one, unchanged for one equal to what it
+    /// holds, updated for any other (not the writer's merge rules, which the end-to-end tests
+    /// cover). It keeps every chunk it was given, for the tests to look at.
+    pub struct MemorySink {
+        outcome: Mutex<Outcome>,
+        /// By (workspace, event, external id): its first answer and what it holds now.
+        stored: Mutex<HashMap<Key, (ItemResult, Conversion)>>,
+        chunks: Mutex<Vec<Vec<Conversion>>>,
+    }
+
+    fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    impl Default for MemorySink {
+        fn default() -> Self {
+            MemorySink { outcome: Mutex::new(Outcome::Apply), stored: Mutex::default(), chunks: Mutex::default() }
+        }
+    }
+
+    impl MemorySink {
+        pub fn set(&self, outcome: Outcome) {
+            *lock(&self.outcome) = outcome;
+        }
+
+        /// Every chunk it was given so far, in order, whether it applied them or not.
+        pub fn chunks(&self) -> Vec<Vec<Conversion>> {
+            lock(&self.chunks).clone()
+        }
+
+        fn apply(&self, workspace_id: &str, conversion: Conversion) -> ItemResult {
+            let event = conversion.event.as_str().to_owned();
+            let external_id = conversion.external_id.as_str().to_owned();
+            let mut stored = lock(&self.stored);
+            match stored.get_mut(&(workspace_id.to_owned(), event.clone(), external_id.clone())) {
+                Some((first, held)) => {
+                    let result = if *held == conversion { WriteResult::Unchanged } else { WriteResult::Updated };
+                    *held = conversion;
+                    ItemResult { result, ..first.clone() }
+                }
+                None => {
+                    let result = ItemResult {
+                        id: ids::conversion_id(),
+                        event: event.clone(),
+                        external_id: external_id.clone(),
+                        chain_id: ids::chain_id(),
+                        result: WriteResult::Created,
+                    };
+                    stored.insert((workspace_id.to_owned(), event, external_id), (result.clone(), conversion));
+                    result
+                }
+            }
+        }
+    }
+
+    impl WriteSink for MemorySink {
+        fn write<'a>(
+            &'a self,
+            _request_id: &'a str,
+            workspace_id: &'a str,
+            chunks: Vec<Vec<Conversion>>,
+            _received_at_ms: i64,
+            _started: std::time::Instant,
+            _ticket: Option<&'a WorkspaceTicket>,
+        ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+            let outcome = lock(&self.outcome).clone();
+            lock(&self.chunks).extend(chunks.iter().cloned());
+            Box::pin(async move {
+                match outcome {
+                    Outcome::Fail(error) => return Err(error),
+                    Outcome::Hang => std::future::pending::<()>().await,
+                    Outcome::Apply => {}
+                }
+                Ok(chunks
+                    .into_iter()
+                    .map(|chunk| chunk.into_iter().map(|conversion| self.apply(workspace_id, conversion)).collect())
+                    .collect())
+            })
+        }
+
+        fn probe(&self) -> BoxFuture<'_, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+}
