@@ -63,7 +63,7 @@ cd "$REPO"
 
 if [ "$micro" = 1 ]; then
     say "validate + normalize + hash, one item (criterion): bench/micro.txt"
-    cargo bench -p intake-common --bench validate -- --noplot 2>/dev/null | grep -E 'time:|thrpt:|^validate' >bench/micro.txt
+    cargo bench -p intake-model --bench validate -- --noplot 2>/dev/null | grep -E 'time:|thrpt:|^validate' >bench/micro.txt
 fi
 sed -n '/^## Targets/,/^## Scenarios/p' bench/report.md | sed '$d'
 say "full report: bench/report.md, bench/report.json"

@@ -2,6 +2,7 @@
 //! `max_items` items and a body of at most 1 MiB.
 
 use crate::row::{Original, RowError};
+use intake_model::error::ErrorCode;
 
 /// The largest body the batch endpoint takes.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -52,7 +53,7 @@ impl Batcher {
     pub fn refuse(json: &[u8]) -> Option<RowError> {
         (ENVELOPE_OPEN.len() + ENVELOPE_CLOSE.len() + json.len() > MAX_BODY_BYTES).then(|| {
             RowError::new(
-                "payload_too_large",
+                ErrorCode::PayloadTooLarge.as_str(),
                 format!("the row alone is over the batch body limit of {MAX_BODY_BYTES} bytes"),
             )
         })

@@ -20,6 +20,7 @@ use batch::{Batch, Batcher, Item};
 use clap::Parser;
 use client::{Client, ItemResult, Outcome};
 use input::{Format, Input};
+use intake_model::validate::MAX_BATCH_ITEMS;
 use rejects::Rejects;
 use row::{Original, RowError};
 use std::path::{Path, PathBuf};
@@ -50,7 +51,7 @@ struct Cli {
     #[arg(long, env = "INTAKE_API_KEY", hide_env_values = true)]
     key: String,
     /// Items per batch request (1 to 500); a batch is also kept under the 1 MiB body limit.
-    #[arg(long, env = "INTAKE_SEND_BATCH_SIZE", default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=500))]
+    #[arg(long, env = "INTAKE_SEND_BATCH_SIZE", default_value_t = MAX_BATCH_ITEMS as u16, value_parser = clap::value_parser!(u16).range(1..=MAX_BATCH_ITEMS as i64))]
     batch_size: u16,
     /// Batch requests in flight at once. Batches then finish out of input order: use 1 when the
     /// input sends the same conversion more than once and the last row must win.

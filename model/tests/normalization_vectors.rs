@@ -3,11 +3,11 @@
 //! hash and warning must be what `normalize` computes and what validation of a conversion that
 //! carries it produces. The committed file is the source of truth; `write_vectors` (ignored)
 //! writes it from the inputs below when a case is added:
-//! `cargo test -p intake-common --test normalization_vectors -- --ignored write_vectors`.
+//! `cargo test -p intake-model --test normalization_vectors -- --ignored write_vectors`.
 
-use intake_common::conversion::Warning;
-use intake_common::normalize::{normalized_address, normalized_email, normalized_phone, sha256_hex};
-use intake_common::validate::{validate_conversion, Json};
+use intake_model::conversion::Warning;
+use intake_model::normalize::{normalized_address, normalized_email, normalized_phone, sha256_hex};
+use intake_model::validate::{validate_conversion, Json};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::PathBuf;

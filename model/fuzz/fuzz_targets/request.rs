@@ -2,14 +2,14 @@
 //! validated, normalized and hashed as a single conversion and as a batch, and the valid items
 //! put in the Kafka message and read back as the writer reads them. Must never panic, and
 //! what it produces must keep the contract's invariants (checked below).
-//! Run from `common/`:
+//! Run from `model/`:
 //! `RUSTC_BOOTSTRAP=1 cargo fuzz run request fuzz/corpus/request fuzz/seeds/request -- -dict=fuzz/request.dict -max_len=4096 -max_total_time=600 -jobs=1`
 //! (and `-max_len=65536` for long strings).
 #![no_main]
 
-use intake_common::conversion::{Conversion, ValidConversion};
-use intake_common::message::{WriteRequest, WriteRequestV1, MAX_CHUNK_ITEMS};
-use intake_common::validate::{
+use intake_model::conversion::{Conversion, ValidConversion};
+use intake_model::message::{WriteRequest, WriteRequestV1, MAX_CHUNK_ITEMS};
+use intake_model::validate::{
     validate_batch, validate_conversion, Invalid, Json, MAX_DETAILS_PER_ITEM, MAX_DETAILS_PER_RESPONSE,
 };
 use libfuzzer_sys::fuzz_target;

@@ -1,9 +1,9 @@
 //! validate + normalize + hash of one realistic item, every identifier present.
-//! Run: `cargo bench -p intake-common --bench validate`.
+//! Run: `cargo bench -p intake-model --bench validate`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use intake_common::normalize;
-use intake_common::validate::{validate_conversion, Json};
+use intake_model::normalize;
+use intake_model::validate::{validate_conversion, Json};
 use serde_json::json;
 use std::hint::black_box;
 
