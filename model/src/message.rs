@@ -188,7 +188,7 @@ mod tests {
         assert_eq!(read.request, Some(RequestPart { id: "r".into(), index: 1 }));
     }
 
-    /// serde_json's `arbitrary_precision` (see common/Cargo.toml) cannot read a number that is
+    /// serde_json's `arbitrary_precision` (see model/Cargo.toml) cannot read a number that is
     /// not an integer inside an internally tagged enum: every field here must round-trip.
     #[test]
     fn messages_round_trip_with_every_field_set() {
