@@ -284,6 +284,11 @@ impl Stack {
         crc32fast::hash(workspace_id.as_bytes()) % self.options.request_partitions
     }
 
+    /// The stack's requests topic has `count` partitions now (after `topics` grew it).
+    pub fn set_request_partitions(&mut self, count: u32) {
+        self.options.request_partitions = count;
+    }
+
     /// Workspaces until every request partition has at least one.
     pub fn workspaces_on_every_partition(&self) -> Vec<TestKey> {
         let mut keys: Vec<TestKey> = Vec::new();
@@ -303,6 +308,16 @@ impl Stack {
         let mut gateway =
             std::mem::replace(&mut self.gateway, Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")));
         std::thread::spawn(move || gateway.wait().ok())
+    }
+
+    /// Stops the gateway and starts it again on the same ports (a new producer, with the
+    /// topics' metadata as they are now); returns once it is ready.
+    pub async fn restart_gateway(&mut self) {
+        let _ = self.terminate_gateway().join();
+        let port = self.base_url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let ops_port = self.ops_url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        self.gateway = self.spawn_gateway(port, ops_port, 1);
+        self.wait_ready(&self.ops_url).await;
     }
 
     /// Process ids of the gateways and of the writers (for the benchmark's CPU and memory).

@@ -318,7 +318,8 @@ async fn requests_beyond_the_cap_in_flight_get_503_at_once() {
 async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
     let mut stack = Stack::start_with(StackOptions {
         start_writer: false,
-        gateway_args: args(&["--max-writes-in-flight", "3"]),
+        // One workspace may take the whole cap here: this is the gateway-wide cap.
+        gateway_args: args(&["--max-writes-in-flight", "3", "--workspace-write-share-percent", "100"]),
         ..Default::default()
     })
     .await;
