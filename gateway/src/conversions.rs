@@ -6,9 +6,9 @@ use crate::app::{App, RequestContext};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
 use crate::ratelimit::Counter;
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::writes::WriteError;
-use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::{Conversion, ValidConversion, Warning};
 use intake_common::error::ErrorCode;
@@ -20,10 +20,10 @@ pub async fn single(
     app: &App,
     principal: &Principal,
     context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let body = read_body(app, context, request, SINGLE_LIMIT).await?;
+    let body = read_body(app, request, SINGLE_LIMIT).await?;
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
@@ -42,10 +42,10 @@ pub async fn batch(
     app: &App,
     principal: &Principal,
     context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let body = read_body(app, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
@@ -98,15 +98,9 @@ pub async fn batch(
     Ok(json(200, &Batch { results, summary }))
 }
 
-async fn read_body(
-    app: &App,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
-    limit: usize,
-) -> Result<bytes::Bytes, ApiError> {
+async fn read_body(app: &App, request: http::Request<RequestBody>, limit: usize) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
-    context.body_read();
     Ok(bytes)
 }
 
