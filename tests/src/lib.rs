@@ -71,6 +71,10 @@ pub struct StackOptions {
     pub gateway_args: Vec<String>,
     /// Gateways started with the stack, each reading a reply partition of its own.
     pub gateways: usize,
+    /// Certificate and key files (PEM): the API speaks HTTPS and the base URLs are
+    /// `https://localhost:PORT`; `Stack::http` does not trust the certificate, the test's own
+    /// client does.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for StackOptions {
@@ -89,6 +93,7 @@ impl Default for StackOptions {
             writers: 1,
             gateway_args: Vec::new(),
             gateways: 1,
+            tls: None,
         }
     }
 }
@@ -119,8 +124,13 @@ impl Stack {
         let log_dir = std::env::temp_dir().join("intake-tests").join(&topic_prefix);
         std::fs::create_dir_all(&log_dir).unwrap_or_else(|e| panic!("log dir: {e}"));
         let (port, ops_port) = (free_port(), free_port());
+        let https = options.tls.is_some();
+        let api_url = move |port: u16| match https {
+            true => format!("https://localhost:{port}"),
+            false => format!("http://127.0.0.1:{port}"),
+        };
         let mut stack = Stack {
-            base_url: format!("http://127.0.0.1:{port}"),
+            base_url: api_url(port),
             ops_url: format!("http://127.0.0.1:{ops_port}"),
             http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap_or_default(),
             log_dir,
@@ -153,7 +163,7 @@ impl Stack {
             let (port, ops_port) = (free_port(), free_port());
             let reply_partition = i32::try_from(index + 1).unwrap_or(i32::MAX);
             stack.more_gateways.push(stack.spawn_gateway(port, ops_port, reply_partition));
-            stack.more_base_urls.push(format!("http://127.0.0.1:{port}"));
+            stack.more_base_urls.push(api_url(port));
             more_ops_urls.push(format!("http://127.0.0.1:{ops_port}"));
         }
         if stack.options.start_writer {
@@ -214,6 +224,9 @@ impl Stack {
             .args(["--reply-partition", &reply_partition.to_string()]);
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
+        }
+        if let Some((cert, key)) = &options.tls {
+            command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
         command.args(&options.gateway_args);
         command
