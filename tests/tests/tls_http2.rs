@@ -53,17 +53,23 @@ fn cert_files() -> (PathBuf, PathBuf) {
 async fn tls_stack(gateway_args: &[&str]) -> (Stack, TestCert, (PathBuf, PathBuf)) {
     let (cert, files) = (TestCert::new(), cert_files());
     cert.write(&files);
-    let stack =
-        Stack::start_with(StackOptions { tls: Some(files.clone()), gateway_args: args(gateway_args), ..Default::default() })
-            .await;
+    let stack = Stack::start_with(StackOptions {
+        tls: Some(files.clone()),
+        gateway_args: args(gateway_args),
+        ..Default::default()
+    })
+    .await;
     (stack, cert, files)
 }
 
 fn https_client(trusted: &[&TestCert]) -> reqwest::ClientBuilder {
-    trusted.iter().fold(reqwest::Client::builder().use_rustls_tls().timeout(Duration::from_secs(30)), |builder, cert| {
-        let certificate = reqwest::Certificate::from_der(&cert.der).unwrap_or_else(|e| panic!("{e}"));
-        builder.add_root_certificate(certificate)
-    })
+    trusted.iter().fold(
+        reqwest::Client::builder().use_rustls_tls().timeout(Duration::from_secs(30)),
+        |builder, cert| {
+            let certificate = reqwest::Certificate::from_der(&cert.der).unwrap_or_else(|e| panic!("{e}"));
+            builder.add_root_certificate(certificate)
+        },
+    )
 }
 
 fn port(stack: &Stack) -> u16 {
@@ -179,7 +185,8 @@ async fn a_client_that_never_completes_the_tls_handshake_is_closed_after_the_tim
     let started = Instant::now();
     let waiting = tokio::spawn(client.get(format!("{}/v1/openapi.json", stack.base_url)).send());
     for stream in &mut silent {
-        let closed = closed_after(stream, Duration::from_secs(5)).await.unwrap_or_else(|| panic!("still open after 5 s"));
+        let closed =
+            closed_after(stream, Duration::from_secs(5)).await.unwrap_or_else(|| panic!("still open after 5 s"));
         assert!(started.elapsed() >= Duration::from_millis(800), "closed after {closed:?}");
     }
     let served = waiting.await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
@@ -268,8 +275,7 @@ async fn read_response(response: h2::client::ResponseFuture) -> Result<(u16, Val
 
 #[tokio::test]
 async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_and_idle_connections_close() {
-    let (stack, cert, _files) =
-        tls_stack(&["--body-read-timeout-ms", "1000", "--keep-alive-timeout-ms", "500"]).await;
+    let (stack, cert, _files) = tls_stack(&["--body-read-timeout-ms", "1000", "--keep-alive-timeout-ms", "500"]).await;
     let key = stack.workspace();
     let mut connection = H2::connect(&stack, Some(&cert)).await;
 
@@ -291,7 +297,10 @@ async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_a
 
     // Meanwhile another stream of the same connection is served at once.
     let fast = connection
-        .send(connection.request("POST", "/v1/conversions", Some(&key), None), Some(conversion("lead").to_string().into_bytes()))
+        .send(
+            connection.request("POST", "/v1/conversions", Some(&key), None),
+            Some(conversion("lead").to_string().into_bytes()),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let fast_done = Instant::now();
@@ -342,12 +351,17 @@ async fn http2_limits_concurrent_streams_and_header_lists() {
     .await;
     let key = stack.workspace();
     let mut connection = H2::connect(&stack, None).await;
-    assert_eq!(connection.send(connection.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(), Some(200));
+    assert_eq!(
+        connection.send(connection.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(),
+        Some(200)
+    );
     assert_eq!(connection.client.current_max_send_streams(), 2, "the server's SETTINGS_MAX_CONCURRENT_STREAMS");
 
     // A header list over the limit: 431 on its stream; the connection goes on.
     let mut request = connection.request("GET", "/v1/workspace", Some(&key), None);
-    request.headers_mut().insert("x-padding", http::HeaderValue::from_str(&"a".repeat(5000)).unwrap_or_else(|e| panic!("{e}")));
+    request
+        .headers_mut()
+        .insert("x-padding", http::HeaderValue::from_str(&"a".repeat(5000)).unwrap_or_else(|e| panic!("{e}")));
     assert_eq!(connection.send(request, None).await.map(|r| r.0).ok(), Some(431));
     let reply = connection.send(connection.request("GET", "/v1/workspace", Some(&key), None), None).await;
     assert_eq!(reply.map(|r| r.0).ok(), Some(200), "served after the 431");
@@ -373,7 +387,10 @@ async fn http2_limits_concurrent_streams_and_header_lists() {
     // The limit is per connection: another connection is served at once.
     let mut other = H2::connect(&stack, None).await;
     let started = Instant::now();
-    assert_eq!(other.send(other.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(), Some(200));
+    assert_eq!(
+        other.send(other.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(),
+        Some(200)
+    );
     assert!(started.elapsed() < Duration::from_millis(500));
 }
 
@@ -517,7 +534,14 @@ async fn a_refused_http2_stream_leaves_its_connection_open() {
     start_of_a_window(10).await;
     let mut connection = H2::connect(&stack, None).await;
     let body = conversion("lead").to_string().into_bytes();
-    assert_eq!(connection.send(connection.request("POST", "/v1/conversions", Some(&key), None), Some(body.clone())).await.map(|r| r.0).ok(), Some(201));
+    assert_eq!(
+        connection
+            .send(connection.request("POST", "/v1/conversions", Some(&key), None), Some(body.clone()))
+            .await
+            .map(|r| r.0)
+            .ok(),
+        Some(201)
+    );
     // Refused before the body: the stream ends, the connection does not.
     for _ in 0..3 {
         let mut client = connection.client.clone().ready().await.unwrap_or_else(|e| panic!("{e}"));
@@ -527,6 +551,9 @@ async fn a_refused_http2_stream_leaves_its_connection_open() {
         let (status, body) = read_response(response).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((status, body["error"]["code"].as_str()), (429, Some("rate_limited")), "{body}");
     }
-    assert_eq!(connection.send(connection.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(), Some(200));
+    assert_eq!(
+        connection.send(connection.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(),
+        Some(200)
+    );
     assert!(!connection.closed.is_finished());
 }
