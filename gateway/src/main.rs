@@ -103,8 +103,8 @@ struct Config {
     /// PEM file of the private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, env = "INTAKE_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
-    /// A TLS handshake must be over this long after the connection was accepted; else it is
-    /// closed.
+    /// A TLS handshake must be over this long after the connection was accepted (and within the
+    /// header read timeout); else the connection is closed.
     #[arg(long, env = "INTAKE_TLS_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     tls_handshake_timeout_ms: u64,
     /// HTTP/2: requests (streams) open at once on one connection at most.

@@ -4,13 +4,15 @@
 //! - The protocol: over TLS, what ALPN agreed (`h2` or `http/1.1`); over TCP (or TLS without
 //!   ALPN), HTTP/2 when the connection opens with HTTP/2's preface (h2c with prior knowledge,
 //!   as a load balancer that ends TLS sends it), else HTTP/1.1.
-//! - A TLS handshake must be over within the handshake timeout of the connection's accept.
+//! - A TLS handshake must be over within the handshake timeout of the connection's accept
+//!   (and within the header read timeout).
 //! - An HTTP/1 connection must deliver a request's head within the header read timeout of being
 //!   ready for it (opened, or its previous response sent): hyper's own header timer. The first
 //!   bytes that tell the protocol are bound by the same timeout.
 //! - A connection with no request in progress for the keep-alive timeout after its last
 //!   response is closed; an HTTP/2 connection also when no request came in that long after its
-//!   preface (HTTP/2 closes with GOAWAY, letting requests in progress finish).
+//!   preface (HTTP/2 closes with GOAWAY). A response its client does not read holds the close
+//!   up for at most the header read timeout.
 //! - HTTP/2: at most `max_concurrent_streams` streams at once and `max_header_list_size` bytes
 //!   of headers per request (a larger header list is refused with 431 on its stream); a
 //!   keep-alive ping every `keep_alive_interval`, and a connection whose peer does not answer
@@ -50,6 +52,8 @@ const LINGER: Duration = Duration::from_secs(2);
 const LINGER_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// After a failed accept (out of file descriptors, say), before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// A timer that does not fire until reset.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// What an HTTP/2 connection with prior knowledge opens with (RFC 9113 section 3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -181,7 +185,10 @@ where
         let Some(tls) = tls else {
             return self.detect_and_serve(stream).await;
         };
-        let stream = match tokio::time::timeout(self.settings.tls_handshake_timeout, tls.accept(stream)).await {
+        // Nor may the handshake take longer than a head: a silent client is closed as soon on
+        // either port.
+        let deadline = self.settings.tls_handshake_timeout.min(self.settings.header_read_timeout);
+        let stream = match tokio::time::timeout(deadline, tls.accept(stream)).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(error)) => return tracing::debug!(%error, "TLS handshake failed"),
             Err(_) => return tracing::debug!("TLS handshake timed out"),
@@ -250,6 +257,11 @@ where
         });
         let idle_expired = idle_for(idle, self.settings.keep_alive_timeout);
         tokio::pin!(idle_expired);
+        // Closing an idle connection gracefully waits for what is still being sent; a client that
+        // stopped reading its last response gets no more time for it than for a head.
+        let give_up = tokio::time::sleep(NEVER);
+        tokio::pin!(give_up);
+        let give_up_after = self.settings.header_read_timeout;
         let io = TokioIo::new(io);
         match protocol {
             Protocol::Http1 => {
@@ -265,7 +277,9 @@ where
                         () = &mut idle_expired, if !closing => {
                             closing = true;
                             Pin::new(&mut connection).graceful_shutdown();
+                            give_up.as_mut().reset(Instant::now() + give_up_after);
                         }
+                        () = &mut give_up => return,
                     }
                 };
                 match done {
@@ -288,7 +302,9 @@ where
                         () = &mut idle_expired, if !closing => {
                             closing = true;
                             connection.as_mut().graceful_shutdown();
+                            give_up.as_mut().reset(Instant::now() + give_up_after);
                         }
+                        () = &mut give_up => return,
                     }
                 };
                 if let Err(error) = done {

@@ -121,7 +121,7 @@ fn load(files: &Files, provider: &CryptoProvider) -> anyhow::Result<CertifiedKey
     if chain.is_empty() {
         anyhow::bail!("no certificate in {}", files.cert.display());
     }
-    // The key's own parse error may quote nothing of it, but say no more than where it failed.
+    // The parse error says what failed, never a byte of the key.
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|error| anyhow::anyhow!("reading a private key from {}: {error}", files.key.display()))?;
     CertifiedKey::from_der(chain, key, provider).context("the private key does not fit the certificate")

@@ -336,6 +336,45 @@ async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_a
 }
 
 #[tokio::test]
+async fn well_behaved_http2_clients_are_served_fast_while_50_slow_streams_hang() {
+    let (stack, cert, _files) = tls_stack(&[]).await;
+    let key = stack.workspace();
+    // Ten connections, each with five requests whose declared bodies never come.
+    let mut connections = Vec::new();
+    let mut hanging = Vec::new();
+    for _ in 0..10 {
+        let connection = H2::connect(&stack, Some(&cert)).await;
+        for _ in 0..5 {
+            let mut client = connection.client.clone().ready().await.unwrap_or_else(|e| panic!("{e}"));
+            let request = connection.request("POST", "/v1/conversions", Some(&key), Some(500));
+            hanging.push(client.send_request(request, false).unwrap_or_else(|e| panic!("{e}")));
+        }
+        connections.push(connection);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut connection = H2::connect(&stack, Some(&cert)).await;
+    let mut took = Vec::new();
+    for n in 0..30 {
+        let started = Instant::now();
+        let reply = if n % 2 == 0 {
+            connection.send(connection.request("GET", "/v1/workspace", Some(&key), None), None).await
+        } else {
+            let body = conversion("lead").to_string().into_bytes();
+            connection.send(connection.request("POST", "/v1/conversions", Some(&key), None), Some(body)).await
+        };
+        took.push(started.elapsed());
+        let status = reply.map(|r| r.0).unwrap_or_else(|e| panic!("{e}"));
+        assert!(status == 200 || status == 201, "{status}");
+    }
+    took.sort();
+    println!("with 50 slow streams hanging: median {:?}, max {:?}", took[took.len() / 2], took[took.len() - 1]);
+    assert!(took[took.len() / 2] < Duration::from_millis(250), "median {:?}", took[took.len() / 2]);
+    assert!(took[took.len() - 1] < Duration::from_secs(1), "slowest {:?}", took[took.len() - 1]);
+    drop((hanging, connections));
+}
+
+#[tokio::test]
 async fn http2_limits_concurrent_streams_and_header_lists() {
     let stack = Stack::start_with(StackOptions {
         gateway_args: args(&[
