@@ -375,6 +375,22 @@ async fn well_behaved_http2_clients_are_served_fast_while_50_slow_streams_hang()
 }
 
 #[tokio::test]
+async fn an_http2_client_that_stops_answering_pings_is_closed() {
+    let stack = Stack::start_with(StackOptions {
+        gateway_args: args(&["--http2-keep-alive-interval-ms", "300", "--http2-keep-alive-timeout-ms", "300"]),
+        ..Default::default()
+    })
+    .await;
+    // The preface and an empty SETTINGS frame, then silence: the server's pings go unanswered.
+    let mut stream = TcpStream::connect(("127.0.0.1", port(&stack))).await.unwrap_or_else(|e| panic!("{e}"));
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap_or_else(|e| panic!("{e}"));
+    stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap_or_else(|e| panic!("{e}"));
+    let closed = closed_after(&mut stream, Duration::from_secs(4)).await;
+    let closed = closed.unwrap_or_else(|| panic!("still open after 4 s (the idle timeout is 5 s)"));
+    assert!(closed >= Duration::from_millis(400) && closed < Duration::from_secs(3), "closed after {closed:?}");
+}
+
+#[tokio::test]
 async fn http2_limits_concurrent_streams_and_header_lists() {
     let stack = Stack::start_with(StackOptions {
         gateway_args: args(&[
