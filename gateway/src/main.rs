@@ -86,8 +86,8 @@ struct Config {
     #[arg(long, env = "INTAKE_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
     /// A connection with no request in progress this long after its last response is closed
-    /// (an HTTP/2 connection also this long after it opened with none). At most the header read
-    /// timeout, whose clock also runs between requests.
+    /// (HTTP/2: with GOAWAY; one that opened and asked nothing, after the header read timeout).
+    /// At most the header read timeout, whose clock also runs between requests.
     #[arg(long, env = "INTAKE_KEEP_ALIVE_TIMEOUT_MS", default_value_t = 5_000)]
     keep_alive_timeout_ms: u64,
     /// Open API connections at most, HTTP/1.1 and HTTP/2 alike; beyond it, new connections wait

@@ -10,9 +10,10 @@
 //!   ready for it (opened, or its previous response sent): hyper's own header timer. The first
 //!   bytes that tell the protocol are bound by the same timeout.
 //! - A connection with no request in progress for the keep-alive timeout after its last
-//!   response is closed; an HTTP/2 connection also when no request came in that long after its
-//!   preface (HTTP/2 closes with GOAWAY). A response its client does not read holds the close
-//!   up for at most the header read timeout.
+//!   response is closed (HTTP/2 with GOAWAY); an HTTP/2 connection also when no request came in
+//!   within the header read timeout of its preface. A client that does not take the close (a
+//!   response it does not read, a GOAWAY ping it does not answer) holds it up for at most the
+//!   keep-alive timeout more.
 //! - HTTP/2: at most `max_concurrent_streams` streams at once and `max_header_list_size` bytes
 //!   of headers per request (a larger header list is refused with 431 on its stream); a
 //!   keep-alive ping every `keep_alive_interval`, and a connection whose peer does not answer
@@ -229,11 +230,11 @@ where
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        // Idle from the start on HTTP/2; on HTTP/1, hyper's header timer governs until the
-        // first request.
+        // Before the first request: on HTTP/1 hyper's header timer governs; HTTP/2 has none, so
+        // this connection's own timer counts the header read timeout from now.
         let initially = match protocol {
             Protocol::Http1 => Activity::Waiting,
-            Protocol::Http2 => Activity::Idle(Instant::now()),
+            Protocol::Http2 => Activity::Opened(Instant::now()),
         };
         let (activity, idle) = watch::channel(initially);
         let activity = Arc::new(activity);
@@ -255,13 +256,14 @@ where
                 Ok::<_, Infallible>(response)
             })
         });
-        let idle_expired = idle_for(idle, self.settings.keep_alive_timeout);
+        let idle_expired = idle_for(idle, self.settings.keep_alive_timeout, self.settings.header_read_timeout);
         tokio::pin!(idle_expired);
-        // Closing an idle connection gracefully waits for what is still being sent; a client that
-        // stopped reading its last response gets no more time for it than for a head.
+        // Closing an idle connection gracefully waits for what is still being sent (and, on
+        // HTTP/2, for the client to acknowledge the GOAWAY's ping); a client that stopped reading
+        // gets the keep-alive timeout once more, then the connection is dropped.
         let give_up = tokio::time::sleep(NEVER);
         tokio::pin!(give_up);
-        let give_up_after = self.settings.header_read_timeout;
+        let give_up_after = self.settings.keep_alive_timeout;
         let io = TokioIo::new(io);
         match protocol {
             Protocol::Http1 => {
@@ -320,6 +322,8 @@ where
 enum Activity {
     /// No request yet, and another timer governs this time.
     Waiting,
+    /// No request yet since then; the header read timeout applies.
+    Opened(Instant),
     /// Serving this many requests (HTTP/2 streams, or one HTTP/1 request).
     Busy(usize),
     /// No request in progress since then.
@@ -335,7 +339,7 @@ impl Busy {
         activity.send_modify(|now| {
             *now = match *now {
                 Activity::Busy(requests) => Activity::Busy(requests + 1),
-                Activity::Waiting | Activity::Idle(_) => Activity::Busy(1),
+                Activity::Waiting | Activity::Opened(_) | Activity::Idle(_) => Activity::Busy(1),
             }
         });
         Busy(activity)
@@ -353,16 +357,22 @@ impl Drop for Busy {
     }
 }
 
-/// Resolves once the connection has been idle (no request in progress) for `limit`.
-async fn idle_for(mut activity: watch::Receiver<Activity>, limit: Duration) {
+/// Resolves once the connection has been idle (no request in progress) for `keep_alive` after a
+/// response, or for `first_request` after it opened without a request.
+async fn idle_for(mut activity: watch::Receiver<Activity>, keep_alive: Duration, first_request: Duration) {
     loop {
         let now = *activity.borrow_and_update();
-        let changed = match now {
-            Activity::Idle(since) => tokio::select! {
-                () = tokio::time::sleep_until(since + limit) => return,
+        let expires = match now {
+            Activity::Idle(since) => Some(since + keep_alive),
+            Activity::Opened(since) => Some(since + first_request),
+            Activity::Waiting | Activity::Busy(_) => None,
+        };
+        let changed = match expires {
+            Some(at) => tokio::select! {
+                () = tokio::time::sleep_until(at) => return,
                 changed = activity.changed() => changed,
             },
-            Activity::Waiting | Activity::Busy(_) => activity.changed().await,
+            None => activity.changed().await,
         };
         if changed.is_err() {
             return std::future::pending().await;
@@ -462,7 +472,7 @@ mod tests {
         let (sender, receiver) = watch::channel(Activity::Idle(Instant::now()));
         let sender = Arc::new(sender);
         let (first, second) = (Busy::start(sender.clone()), Busy::start(sender.clone()));
-        let idle = tokio::spawn(idle_for(receiver, limit));
+        let idle = tokio::spawn(idle_for(receiver, limit, limit * 10));
         drop(first);
         tokio::time::sleep(limit * 2).await;
         assert!(!idle.is_finished(), "a request is still in progress");

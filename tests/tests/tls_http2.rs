@@ -275,7 +275,15 @@ async fn read_response(response: h2::client::ResponseFuture) -> Result<(u16, Val
 
 #[tokio::test]
 async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_and_idle_connections_close() {
-    let (stack, cert, _files) = tls_stack(&["--body-read-timeout-ms", "1000", "--keep-alive-timeout-ms", "500"]).await;
+    let (stack, cert, _files) = tls_stack(&[
+        "--body-read-timeout-ms",
+        "1000",
+        "--keep-alive-timeout-ms",
+        "500",
+        "--header-read-timeout-ms",
+        "1500",
+    ])
+    .await;
     let key = stack.workspace();
     let mut connection = H2::connect(&stack, Some(&cert)).await;
 
@@ -325,14 +333,15 @@ async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_a
     let idle = closed - last_response;
     assert!(idle >= Duration::from_millis(400) && idle < Duration::from_millis(2000), "closed after {idle:?} idle");
 
-    // A connection that opens and never asks anything is closed too.
+    // A connection that opens and never asks anything is closed after the header read timeout.
     let silent = H2::connect(&stack, Some(&cert)).await;
     let opened = Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(5), silent.closed)
         .await
         .unwrap_or_else(|_| panic!("silent HTTP/2 connection still open after 5 s"))
         .unwrap_or_else(|e| panic!("{e}"));
-    assert!(closed - opened < Duration::from_millis(2000), "closed after {:?}", closed - opened);
+    let took = closed - opened;
+    assert!(took >= Duration::from_millis(1300) && took < Duration::from_secs(3), "closed after {took:?}");
 }
 
 #[tokio::test]
@@ -388,6 +397,47 @@ async fn an_http2_client_that_stops_answering_pings_is_closed() {
     let closed = closed_after(&mut stream, Duration::from_secs(4)).await;
     let closed = closed.unwrap_or_else(|| panic!("still open after 4 s (the idle timeout is 5 s)"));
     assert!(closed >= Duration::from_millis(400) && closed < Duration::from_secs(3), "closed after {closed:?}");
+}
+
+#[tokio::test]
+async fn silent_and_half_sent_http2_connections_are_cut_off() {
+    let stack = Stack::start_with(StackOptions {
+        gateway_args: args(&["--header-read-timeout-ms", "1500", "--keep-alive-timeout-ms", "500"]),
+        ..Default::default()
+    })
+    .await;
+    let connect = || async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port(&stack))).await.unwrap_or_else(|e| panic!("{e}"));
+        stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap_or_else(|e| panic!("{e}"));
+        stream
+    };
+    // Each within the header read timeout (plus, where the GOAWAY goes unanswered, the
+    // keep-alive timeout), as an HTTP/1.1 client that sends nothing or half a head.
+    // The preface and SETTINGS, then nothing (no answer to the server's pings either).
+    let mut silent = connect().await;
+    silent.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap_or_else(|e| panic!("{e}"));
+    // Half the preface.
+    let mut half = TcpStream::connect(("127.0.0.1", port(&stack))).await.unwrap_or_else(|e| panic!("{e}"));
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap_or_else(|e| panic!("{e}"));
+    // A HEADERS frame whose header block never ends (no END_HEADERS, no CONTINUATION).
+    let mut half_head = connect().await;
+    half_head.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap_or_else(|e| panic!("{e}"));
+    // Length 1, type HEADERS, flags 0, stream 1; one byte of HPACK (:method GET, indexed 2).
+    half_head.write_all(&[0, 0, 1, 1, 0, 0, 0, 0, 1, 0x82]).await.unwrap_or_else(|e| panic!("{e}"));
+    let patience = Duration::from_secs(6);
+    let (silent, half, half_head) = tokio::join!(
+        closed_after(&mut silent, patience),
+        closed_after(&mut half, patience),
+        closed_after(&mut half_head, patience)
+    );
+    for (client, closed) in [("silent", silent), ("half a preface", half), ("half a header block", half_head)] {
+        let closed = closed.unwrap_or_else(|| panic!("{client}: still open after 6 s"));
+        println!("{client}: closed after {closed:?}");
+        assert!(
+            closed >= Duration::from_millis(1300) && closed < Duration::from_secs(4),
+            "{client}: closed after {closed:?}"
+        );
+    }
 }
 
 #[tokio::test]
