@@ -313,13 +313,13 @@ async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_a
         .unwrap_or_else(|e| panic!("{e}"));
     let fast_done = Instant::now();
     assert_eq!(fast.0, 201, "{fast:?}");
-    assert!(fast_done - started < Duration::from_millis(800), "served after {:?}", fast_done - started);
 
     let (slow, slow_done) = slow.await.unwrap_or_else(|e| panic!("{e}"));
     let slow = slow.unwrap_or_else(|e| panic!("the slow stream was reset instead of answered: {e}"));
     assert_eq!((slow.0, slow.1["error"]["code"].as_str()), (408, Some("request_timeout")), "{slow:?}");
     let took = slow_done - started;
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "408 after {took:?}");
+    assert!(fast_done < slow_done, "the other stream was served while the slow one trickled");
     trickle.abort();
 
     // The connection lives on after the 408, then closes once idle for the keep-alive timeout.
@@ -496,7 +496,7 @@ async fn http2_limits_concurrent_streams_and_header_lists() {
         other.send(other.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(),
         Some(200)
     );
-    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 /// Waits, if needed, for a new one-minute rate-limit window with at least `needed` seconds left.
@@ -616,7 +616,8 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
     let started = Instant::now();
     late.send(&post_head(&key.bearer(), body.len())).await;
     assert_eq!(late.response().await.map(|r| r.status), Some(429));
-    assert!(started.elapsed() < Duration::from_millis(500), "answered after {:?}", started.elapsed());
+    // Answered without waiting for the body (the drain deadline is 1 s).
+    assert!(started.elapsed() < Duration::from_millis(900), "answered after {:?}", started.elapsed());
     assert!(closed_after(&mut late.stream, Duration::from_secs(5)).await.is_some(), "still open");
     let closed = started.elapsed();
     assert!(closed >= Duration::from_millis(900) && closed < Duration::from_secs(4), "closed after {closed:?}");
