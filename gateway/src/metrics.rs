@@ -44,8 +44,10 @@ pub enum ShedReason {
     requests_in_flight,
     /// The cap on writes in flight.
     writes_in_flight,
-    /// Writes wait and no reply has come for the stall time.
+    /// The workspace's writes wait and no reply has come to one of them for the stall time.
     writers_behind,
+    /// The workspace holds its share of the cap on writes in flight.
+    workspace_share,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -1,30 +1,95 @@
-//! Admission of writes (DESIGN 2.6): a write the gateway cannot expect to answer within its
-//! deadline is refused with 503 service_unavailable before its body is read, instead of being
-//! accepted and timed out. Two signs: too many writes in flight (a cap), or writers behind
-//! (chunks wait and no reply has answered one for the stall time). Checked after the request
-//! rate limit and before the body (DESIGN 2.2).
+//! Admission of writes (docs/architecture.md, "Admission"): a write the gateway cannot expect to
+//! answer within its deadline is refused with 503 service_unavailable before its body is read,
+//! instead of being accepted and timed out. It is decided per workspace, from that workspace's
+//! own writes not yet answered by a writer, so that a workspace whose applies are stuck is
+//! refused alone:
+//! - the workspace's chunks wait and none of them has been answered for the stall time
+//!   (its writer is stuck or far behind on it);
+//! - the workspace holds its share of the cap on writes in flight;
+//! - the whole gateway holds the cap.
+//!
+//! Checked after the request rate limit and before the body (docs/api.md, "Error order").
 
 use crate::api_error::ApiError;
 use crate::metrics::{Metrics, ShedReason};
-use crate::writes::WriteClient;
 use prometheus_client::metrics::gauge::Gauge;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
-/// Retry-After of a refusal by the cap: a write in flight takes milliseconds to a deadline.
+/// Retry-After of a refusal by a cap: a write in flight takes milliseconds to a deadline.
 const RETRY_AFTER_FULL_SECS: u64 = 1;
 
 pub struct Admission {
     writes: Arc<Semaphore>,
+    /// Writes not yet answered that one workspace may hold.
+    per_workspace: usize,
     stall: Duration,
+    workspaces: Workspaces,
     metrics: Metrics,
+}
+
+type Workspaces = Arc<Mutex<HashMap<String, Load>>>;
+
+fn lock(workspaces: &Workspaces) -> std::sync::MutexGuard<'_, HashMap<String, Load>> {
+    workspaces.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One workspace's writes that no writer has answered yet.
+struct Load {
+    unanswered: usize,
+    /// When `unanswered` last went from 0 to 1.
+    busy_since: Instant,
+    /// When a writer last answered a chunk of the workspace.
+    last_answer: Instant,
+}
+
+impl Load {
+    fn behind(&self, stall: Duration) -> bool {
+        self.unanswered > 0 && self.busy_since.max(self.last_answer).elapsed() >= stall
+    }
+}
+
+/// A write of one workspace that no writer has answered yet. The request holds it while it
+/// runs, and so does each of its chunks still waiting for a reply, even after the request gave
+/// up: a chunk queued behind a stuck workspace still counts against that workspace until a
+/// writer answers it.
+#[derive(Clone)]
+pub struct WorkspaceTicket(Arc<Ticket>);
+
+struct Ticket {
+    workspace_id: String,
+    workspaces: Workspaces,
+}
+
+impl WorkspaceTicket {
+    /// A writer answered one of the write's chunks: the workspace makes progress.
+    pub fn answered(&self) {
+        if let Some(load) = lock(&self.0.workspaces).get_mut(&self.0.workspace_id) {
+            load.last_answer = Instant::now();
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut workspaces = lock(&self.workspaces);
+        if let Some(load) = workspaces.get_mut(&self.workspace_id) {
+            load.unanswered = load.unanswered.saturating_sub(1);
+            if load.unanswered == 0 {
+                workspaces.remove(&self.workspace_id);
+            }
+        }
+    }
 }
 
 /// A write's place among the writes in flight, held until its response is made.
 pub struct WritePermit {
     _permit: OwnedSemaphorePermit,
     in_flight: Gauge,
+    pub ticket: WorkspaceTicket,
 }
 
 impl Drop for WritePermit {
@@ -34,25 +99,113 @@ impl Drop for WritePermit {
 }
 
 impl Admission {
-    pub fn new(max_writes_in_flight: usize, stall: Duration, metrics: Metrics) -> Self {
-        Admission { writes: Arc::new(Semaphore::new(max_writes_in_flight)), stall, metrics }
+    /// `workspace_share_percent` of `max_writes_in_flight` (at least one write) is what one
+    /// workspace may hold.
+    pub fn new(max_writes_in_flight: usize, workspace_share_percent: u8, stall: Duration, metrics: Metrics) -> Self {
+        let per_workspace = (max_writes_in_flight * usize::from(workspace_share_percent) / 100).max(1);
+        Admission {
+            writes: Arc::new(Semaphore::new(max_writes_in_flight)),
+            per_workspace,
+            stall,
+            workspaces: Arc::default(),
+            metrics,
+        }
     }
 
-    pub fn admit_write(&self, writes: &WriteClient) -> Result<WritePermit, ApiError> {
-        if writes.writers_behind(self.stall) {
-            return Err(self.refuse(ShedReason::writers_behind, self.stall.as_secs().clamp(1, 60)));
+    pub fn admit_write(&self, workspace_id: &str) -> Result<WritePermit, ApiError> {
+        let mut workspaces = lock(&self.workspaces);
+        if let Some(load) = workspaces.get(workspace_id) {
+            if load.behind(self.stall) {
+                return Err(self.refuse(ShedReason::writers_behind, self.stall.as_secs().clamp(1, 60)));
+            }
+            if load.unanswered >= self.per_workspace {
+                return Err(self.refuse(ShedReason::workspace_share, RETRY_AFTER_FULL_SECS));
+            }
         }
         let permit = self
             .writes
             .clone()
             .try_acquire_owned()
             .map_err(|_| self.refuse(ShedReason::writes_in_flight, RETRY_AFTER_FULL_SECS))?;
+        let now = Instant::now();
+        let load = workspaces.entry(workspace_id.to_owned()).or_insert(Load {
+            unanswered: 0,
+            busy_since: now,
+            last_answer: now,
+        });
+        if load.unanswered == 0 {
+            load.busy_since = now;
+        }
+        load.unanswered += 1;
+        drop(workspaces);
         self.metrics.writes_in_flight.inc();
-        Ok(WritePermit { _permit: permit, in_flight: self.metrics.writes_in_flight.clone() })
+        let ticket = WorkspaceTicket(Arc::new(Ticket {
+            workspace_id: workspace_id.to_owned(),
+            workspaces: self.workspaces.clone(),
+        }));
+        Ok(WritePermit { _permit: permit, in_flight: self.metrics.writes_in_flight.clone(), ticket })
     }
 
     fn refuse(&self, reason: ShedReason, retry_after_secs: u64) -> ApiError {
         self.metrics.shed(reason);
         ApiError::Overloaded { retry_after_secs }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(cap: usize, share: u8, stall: Duration) -> Admission {
+        Admission::new(cap, share, stall, Metrics::new())
+    }
+
+    fn overloaded(result: &Result<WritePermit, ApiError>) -> Option<u64> {
+        match result {
+            Err(ApiError::Overloaded { retry_after_secs }) => Some(*retry_after_secs),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn one_workspace_takes_at_most_its_share_and_the_others_still_get_in() {
+        let admission = admission(8, 25, Duration::from_secs(60));
+        let held: Vec<_> = (0..2).map(|_| admission.admit_write("stuck")).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert_eq!(overloaded(&admission.admit_write("stuck")), Some(1), "a quarter of 8 is 2");
+        let others: Vec<_> = (0..6).map(|n| admission.admit_write(&format!("other{n}"))).collect();
+        assert!(others.iter().all(Result::is_ok), "the rest of the cap is left to the others");
+        assert!(overloaded(&admission.admit_write("one_more")).is_some(), "the whole cap is taken");
+    }
+
+    #[test]
+    fn a_chunk_still_waiting_after_its_request_gave_up_counts_until_answered() {
+        let admission = admission(8, 25, Duration::from_secs(60));
+        let permit = admission.admit_write("ws").ok();
+        let waiting_chunk = permit.as_ref().map(|p| p.ticket.clone());
+        drop(permit);
+        let second = admission.admit_write("ws");
+        assert!(second.is_ok());
+        assert!(overloaded(&admission.admit_write("ws")).is_some(), "the unanswered chunk holds a place");
+        drop(second);
+        drop(waiting_chunk);
+        assert!(admission.admit_write("ws").is_ok(), "answered: its place is free");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_workspace_without_an_answer_for_the_stall_time_is_refused_alone() {
+        let stall = Duration::from_secs(5);
+        let admission = admission(64, 25, stall);
+        let stuck = admission.admit_write("stuck").ok();
+        let moving = admission.admit_write("moving").ok();
+        tokio::time::advance(Duration::from_secs(6)).await;
+        if let Some(permit) = &moving {
+            permit.ticket.answered();
+        }
+        assert_eq!(overloaded(&admission.admit_write("stuck")), Some(5), "Retry-After is the stall time");
+        assert!(admission.admit_write("moving").is_ok(), "answered a moment ago");
+        assert!(admission.admit_write("idle").is_ok(), "nothing waiting is never behind");
+        drop(stuck);
+        assert!(admission.admit_write("stuck").is_ok(), "once answered, admitted again");
     }
 }

@@ -8,6 +8,8 @@ pub enum Route {
     Workspace,
     Conversion,
     ConversionBatch,
+    /// Validates a batch and writes nothing (DESIGN 11).
+    ConversionValidate,
     OpenApi,
 }
 
@@ -18,6 +20,7 @@ impl Route {
             (&Method::GET, "workspace") => Some(Route::Workspace),
             (&Method::POST, "conversions") => Some(Route::Conversion),
             (&Method::POST, "conversions/batch") => Some(Route::ConversionBatch),
+            (&Method::POST, "conversions/validate") => Some(Route::ConversionValidate),
             (&Method::GET, "openapi.json") => Some(Route::OpenApi),
             _ => None,
         }
@@ -27,13 +30,19 @@ impl Route {
     pub fn scope(self) -> Option<&'static str> {
         match self {
             Route::Workspace => Some("workspace:read"),
-            Route::Conversion | Route::ConversionBatch => Some("conversions:write"),
+            Route::Conversion | Route::ConversionBatch | Route::ConversionValidate => Some("conversions:write"),
             Route::OpenApi => None,
         }
     }
 
+    /// A write: goes through write admission (503 when the writers are behind).
     pub fn is_write(self) -> bool {
         matches!(self, Route::Conversion | Route::ConversionBatch)
+    }
+
+    /// Takes every field in its JSON body: a query string is refused (400 query_not_allowed).
+    pub fn refuses_query(self) -> bool {
+        matches!(self, Route::Conversion | Route::ConversionBatch | Route::ConversionValidate)
     }
 
     /// For logs and metrics.
@@ -42,6 +51,7 @@ impl Route {
             Route::Workspace => "workspace",
             Route::Conversion => "conversions",
             Route::ConversionBatch => "conversions_batch",
+            Route::ConversionValidate => "conversions_validate",
             Route::OpenApi => "openapi",
         }
     }
@@ -59,6 +69,10 @@ mod tests {
             assert_eq!(
                 Route::recognize(&Method::POST, &format!("{prefix}/conversions/batch")),
                 Some(Route::ConversionBatch)
+            );
+            assert_eq!(
+                Route::recognize(&Method::POST, &format!("{prefix}/conversions/validate")),
+                Some(Route::ConversionValidate)
             );
             assert_eq!(Route::recognize(&Method::GET, &format!("{prefix}/openapi.json")), Some(Route::OpenApi));
         }
@@ -78,6 +92,9 @@ mod tests {
             (Method::POST, "/v2/conversions"),
             (Method::GET, "/v1/workspace/x"),
             (Method::POST, "/api/v1/conversions/batch/1"),
+            (Method::GET, "/v1/conversions/validate"),
+            (Method::PUT, "/v1/conversions/validate"),
+            (Method::POST, "/v1/conversions/validate/"),
             (Method::GET, "/healthz"),
         ] {
             assert_eq!(Route::recognize(&method, path), None, "{method} {path}");

@@ -4,11 +4,12 @@
 //! request waiting for it.
 
 use crate::metrics::Metrics;
+use crate::overload::WorkspaceTicket;
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::conversion::Conversion;
 use intake_common::ids;
 use intake_common::kafka;
-use intake_common::message::{ChunkOutcome, ItemResult, WriteReply, WriteRequest, WriteRequestV1};
+use intake_common::message::{ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -33,30 +34,27 @@ pub enum WriteError {
     Timeout,
     #[error("a writer could not apply a chunk")]
     Failed,
+    #[error("a chunk reached Kafka after its deadline and was not applied")]
+    Expired,
 }
 
-/// The chunks waiting for their reply, and what tells whether the writers keep up.
+/// The chunks waiting for their reply. A chunk whose request gave up stays until its reply comes
+/// (or [`FORGET_AFTER`]), so that it keeps counting against its workspace's admission.
 struct Waiting {
     chunks: HashMap<String, Pending>,
-    /// When the map last went from empty to not empty.
-    busy_since: Instant,
-    /// When a reply last answered a chunk that was still waiting (a late reply, to a request
-    /// that gave up, is no sign of progress).
-    last_progress: Instant,
+    last_sweep: Instant,
 }
 
 struct Pending {
-    sender: oneshot::Sender<ChunkOutcome>,
+    /// None once the request stopped waiting.
+    sender: Option<oneshot::Sender<ChunkOutcome>>,
     sent_at: Instant,
+    ticket: Option<WorkspaceTicket>,
 }
 
-impl Waiting {
-    /// Chunks wait, and none has been answered for `stall` (counted from when waiting began, if
-    /// that is later than the last answer).
-    fn behind(&self, stall: Duration) -> bool {
-        !self.chunks.is_empty() && self.busy_since.max(self.last_progress).elapsed() >= stall
-    }
-}
+/// How long a chunk whose request gave up is remembered without a reply: replies come even to
+/// late chunks, so this only bounds what a lost reply holds.
+const FORGET_AFTER: Duration = Duration::from_secs(300);
 
 type Shared = Arc<Mutex<Waiting>>;
 
@@ -72,6 +70,11 @@ pub struct WriteClient {
     replies_topic: String,
     reply_partition: i32,
     timeout: Duration,
+    /// Taken off the deadline a message carries, so that a writer that compares the broker's
+    /// append time with it refuses every chunk appended after this gateway gave up, even with
+    /// the broker's clock behind this one's by up to the margin (docs/architecture.md,
+    /// "Stale values").
+    clock_skew_margin: Duration,
 }
 
 impl WriteClient {
@@ -81,6 +84,7 @@ impl WriteClient {
         kafka: &KafkaArgs,
         reply_partition: i32,
         timeout: Duration,
+        clock_skew_margin: Duration,
         metrics: Metrics,
     ) -> anyhow::Result<Arc<Self>> {
         let producer: FutureProducer = kafka::request_producer(kafka, timeout).create()?;
@@ -93,8 +97,7 @@ impl WriteClient {
         consumer.assign(&assignment)?;
         tracing::info!(%topic, reply_partition, offset = high, "reading replies");
 
-        let now = Instant::now();
-        let waiting = Arc::new(Mutex::new(Waiting { chunks: HashMap::new(), busy_since: now, last_progress: now }));
+        let waiting = Arc::new(Mutex::new(Waiting { chunks: HashMap::new(), last_sweep: Instant::now() }));
         tokio::spawn(dispatch_replies(consumer.clone(), waiting.clone(), metrics));
         Ok(Arc::new(WriteClient {
             producer,
@@ -104,6 +107,7 @@ impl WriteClient {
             replies_topic: topic,
             reply_partition,
             timeout,
+            clock_skew_margin,
         }))
     }
 
@@ -119,15 +123,17 @@ impl WriteClient {
         chunks: Vec<Vec<Conversion>>,
         received_at_ms: i64,
         request_started: std::time::Instant,
+        ticket: Option<&WorkspaceTicket>,
     ) -> Result<Vec<Vec<ItemResult>>, WriteError> {
         let deadline = Instant::from_std(request_started) + self.timeout;
         let left = deadline.saturating_duration_since(Instant::now());
-        let deadline_ms = now_ms() + i64::try_from(left.as_millis()).unwrap_or(i64::MAX);
+        let margin = self.clock_skew_margin.min(self.timeout / 2);
+        let deadline_ms = now_ms() + i64::try_from(left.saturating_sub(margin).as_millis()).unwrap_or(i64::MAX);
         let mut deliveries = Vec::with_capacity(chunks.len());
         let mut replies = Vec::with_capacity(chunks.len());
-        for items in chunks {
+        for (index, items) in (0u32..).zip(chunks) {
             let correlation_id = ids::correlation_id();
-            let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone());
+            let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone(), ticket.cloned());
             let request = WriteRequest::V1(WriteRequestV1 {
                 correlation_id,
                 reply_partition: self.reply_partition,
@@ -135,6 +141,7 @@ impl WriteClient {
                 received_at_ms,
                 workspace_id: workspace_id.to_owned(),
                 items,
+                request: Some(RequestPart { id: request_id.to_owned(), index }),
             });
             let payload = serde_json::to_vec(&request).map_err(|e| WriteError::Produce(e.to_string()))?;
             let headers = OwnedHeaders::new().insert(Header { key: REQUEST_ID_HEADER, value: Some(request_id) });
@@ -157,17 +164,13 @@ impl WriteClient {
                 match receiver.await {
                     Ok(ChunkOutcome::Applied { results: chunk }) => results.push(chunk),
                     Ok(ChunkOutcome::Failed) => return Err(WriteError::Failed),
+                    Ok(ChunkOutcome::Expired) => return Err(WriteError::Expired),
                     Err(_) => return Err(WriteError::Timeout),
                 }
             }
             Ok(results)
         };
         tokio::time::timeout_at(deadline, all).await.unwrap_or(Err(WriteError::Timeout))
-    }
-
-    /// Whether the writers are behind: chunks wait, and none has been answered for `stall`.
-    pub fn writers_behind(&self, stall: Duration) -> bool {
-        lock(&self.waiting).behind(stall)
     }
 
     /// For readiness: the reply partition is assigned to this gateway and its leader answers,
@@ -216,29 +219,42 @@ async fn reply_partition_end(consumer: &Arc<StreamConsumer>, topic: &str, partit
     }
 }
 
-/// Removes a correlation id from the waiting map when its request stops waiting, whether it
-/// got its reply, timed out, or its client went away.
+/// Stops a chunk's waiting when its request stops waiting, whether it got its reply, timed out,
+/// or its client went away; the chunk itself stays in the map until its reply comes.
 struct PendingGuard {
     waiting: Shared,
     correlation_id: String,
 }
 
 impl PendingGuard {
-    fn register(waiting: &Shared, correlation_id: String) -> (oneshot::Receiver<ChunkOutcome>, Self) {
+    fn register(
+        waiting: &Shared,
+        correlation_id: String,
+        ticket: Option<WorkspaceTicket>,
+    ) -> (oneshot::Receiver<ChunkOutcome>, Self) {
         let (sender, receiver) = oneshot::channel();
         let mut map = lock(waiting);
         let now = Instant::now();
-        if map.chunks.is_empty() {
-            map.busy_since = now;
+        if now.duration_since(map.last_sweep) >= Duration::from_secs(1) {
+            map.last_sweep = now;
+            map.chunks.retain(|_, pending| pending.sender.is_some() || pending.sent_at.elapsed() < FORGET_AFTER);
         }
-        map.chunks.insert(correlation_id.clone(), Pending { sender, sent_at: now });
+        map.chunks.insert(correlation_id.clone(), Pending { sender: Some(sender), sent_at: now, ticket });
         (receiver, PendingGuard { waiting: waiting.clone(), correlation_id })
     }
 }
 
 impl Drop for PendingGuard {
     fn drop(&mut self) {
-        lock(&self.waiting).chunks.remove(&self.correlation_id);
+        let mut map = lock(&self.waiting);
+        match map.chunks.get_mut(&self.correlation_id) {
+            // Answered, or never counted against a workspace: nothing to keep.
+            Some(pending) if pending.ticket.is_none() => {
+                map.chunks.remove(&self.correlation_id);
+            }
+            Some(pending) => pending.sender = None,
+            None => {}
+        }
     }
 }
 
@@ -259,44 +275,17 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metric
                 continue;
             }
         };
-        let pending = {
-            let mut map = lock(&waiting);
-            let pending = map.chunks.remove(reply.correlation_id());
-            if pending.is_some() {
-                map.last_progress = Instant::now();
-            }
-            pending
-        };
-        // None: a reply to a request that gave up waiting, or a redelivered reply.
-        if let Some(pending) = pending {
+        let pending = lock(&waiting).chunks.remove(reply.correlation_id());
+        // None: a redelivered reply, or one to a chunk forgotten long ago.
+        let Some(pending) = pending else { continue };
+        if let Some(ticket) = &pending.ticket {
+            ticket.answered();
+        }
+        // No sender: a reply to a request that gave up waiting.
+        if let Some(sender) = pending.sender {
             metrics.kafka_roundtrip.observe(pending.sent_at.elapsed().as_secs_f64());
             let WriteReply::V1(reply) = reply;
-            let _ = pending.sender.send(reply.outcome);
+            let _ = sender.send(reply.outcome);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn waiting(chunks: usize, busy_for: Duration, last_progress_ago: Duration) -> Waiting {
-        let now = Instant::now();
-        let chunks =
-            (0..chunks).map(|n| (n.to_string(), Pending { sender: oneshot::channel().0, sent_at: now })).collect();
-        Waiting { chunks, busy_since: now - busy_for, last_progress: now - last_progress_ago }
-    }
-
-    #[test]
-    fn behind_only_when_chunks_wait_and_nothing_was_answered_for_the_stall_time() {
-        let stall = Duration::from_secs(5);
-        let long = Duration::from_secs(60);
-        assert!(!waiting(0, long, long).behind(stall), "nothing waits");
-        assert!(waiting(3, Duration::from_secs(6), long).behind(stall), "waiting 6 s, no answer for a minute");
-        assert!(!waiting(3, Duration::from_secs(6), Duration::from_secs(1)).behind(stall), "an answer a second ago");
-        assert!(
-            !waiting(3, Duration::from_secs(1), long).behind(stall),
-            "waiting began a second ago, after a quiet minute"
-        );
     }
 }

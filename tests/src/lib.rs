@@ -69,6 +69,8 @@ pub struct StackOptions {
     pub writers: usize,
     /// More arguments for the gateway (`--max-connections 5`, ...).
     pub gateway_args: Vec<String>,
+    /// More arguments for `intake-writer run`.
+    pub writer_args: Vec<String>,
     /// Gateways started with the stack, each reading a reply partition of its own.
     pub gateways: usize,
     /// Certificate and key files (PEM): the API speaks HTTPS and the base URLs are
@@ -92,6 +94,7 @@ impl Default for StackOptions {
             request_partitions: 4,
             writers: 1,
             gateway_args: Vec::new(),
+            writer_args: Vec::new(),
             gateways: 1,
             tls: None,
         }
@@ -132,7 +135,13 @@ impl Stack {
         let mut stack = Stack {
             base_url: api_url(port),
             ops_url: format!("http://127.0.0.1:{ops_port}"),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap_or_default(),
+            // Idle connections are dropped before the gateway's keep-alive timeout (5 s) closes
+            // them: reusing one just as the server closes it fails the request (IncompleteMessage).
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .pool_idle_timeout(Duration::from_secs(3))
+                .build()
+                .unwrap_or_default(),
             log_dir,
             topic_prefix,
             gateway: Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")),
@@ -239,6 +248,7 @@ impl Stack {
         let ops = format!("127.0.0.1:{}", free_port());
         let child = command
             .args(["run", "--ops-listen", &ops])
+            .args(&self.options.writer_args)
             .stdout(self.log_file("writer"))
             .stderr(self.log_file("writer"))
             .spawn()
@@ -472,8 +482,10 @@ impl Stack {
             };
             let names: Vec<&str> = topics.iter().map(String::as_str).collect();
             let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(3)));
-            let _ =
-                runtime.block_on(tokio::time::timeout(Duration::from_secs(5), admin.delete_topics(&names, &options)));
+            // The timeout is made inside the runtime: a timer needs the runtime's reactor.
+            let _ = runtime.block_on(async {
+                tokio::time::timeout(Duration::from_secs(5), admin.delete_topics(&names, &options)).await
+            });
         });
         let _ = deleting.join();
     }
@@ -591,6 +603,26 @@ pub async fn database() -> sqlx::PgPool {
 }
 
 /// A conversion input with the required fields and a fresh external id.
+/// A database of the caller's own on the test server, migrated: for a test that needs DDL
+/// (a trigger), which on the shared database would lock out every concurrent test's writes.
+/// `deploy/test.sh` drops these databases before a run.
+pub async fn own_database() -> String {
+    let shared = env("DATABASE_URL");
+    let name = format!("intake_own_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let admin = sqlx::PgPool::connect(&shared).await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap_or_else(|e| panic!("{e}"));
+    admin.close().await;
+    let base = shared.rsplit_once('/').map_or(shared.as_str(), |(base, _)| base);
+    let url = format!("{base}/{name}");
+    let migrated = Command::new(bin("intake-writer"))
+        .arg("migrate")
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap_or_else(|e| panic!("migrate: {e}"));
+    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    url
+}
+
 pub fn conversion(event: &str) -> Value {
     json!({
         "event": event,
@@ -873,6 +905,17 @@ pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Dur
 /// Produces one write request message straight into a requests topic, as a gateway would (for
 /// messages a gateway never sends: a missing reply partition, an unknown workspace).
 pub async fn produce_request(topic: &str, workspace_id: &str, reply_partition: i32, input: &Value) -> String {
+    produce_request_with_deadline(topic, workspace_id, reply_partition, input, now_ms() + 10_000).await
+}
+
+/// [`produce_request`] with the deadline the message carries (epoch ms).
+pub async fn produce_request_with_deadline(
+    topic: &str,
+    workspace_id: &str,
+    reply_partition: i32,
+    input: &Value,
+    deadline_ms: i64,
+) -> String {
     use intake_common::message::{WriteRequest, WriteRequestV1};
     let conversion = intake_common::validate::validate_conversion(&input.into(), now_ms())
         .unwrap_or_else(|e| panic!("invalid test input: {e:?}"))
@@ -881,10 +924,11 @@ pub async fn produce_request(topic: &str, workspace_id: &str, reply_partition: i
     let request = WriteRequest::V1(WriteRequestV1 {
         correlation_id: correlation_id.clone(),
         reply_partition,
-        deadline_ms: now_ms() + 10_000,
+        deadline_ms,
         received_at_ms: now_ms(),
         workspace_id: workspace_id.to_owned(),
         items: vec![conversion],
+        request: None,
     });
     let payload = serde_json::to_vec(&request).unwrap_or_default();
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()

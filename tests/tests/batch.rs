@@ -1,7 +1,7 @@
 //! POST /v1/conversions/batch (SPEC 4.3, DESIGN 2.3).
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, topic_contents, Stack, StackOptions};
+use intake_tests::{conversion, database, own_database, topic_contents, Stack, StackOptions};
 
 fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
@@ -94,9 +94,11 @@ async fn five_hundred_items_in_five_chunks() {
 
 #[tokio::test]
 async fn a_failed_later_chunk_is_500_earlier_chunks_stay_and_the_resend_is_safe() {
-    let stack = Stack::start().await;
+    // A trigger: on a database of the test's own (DDL on the shared one blocks every test).
+    let url = own_database().await;
+    let stack = Stack::start_with(StackOptions { database_url: Some(url.clone()), ..Default::default() }).await;
     let key = stack.workspace();
-    let db = database().await;
+    let db = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
     let poison = format!("poison-{}", ulid::Ulid::new());
     let function = format!("refuse_{}", poison.to_lowercase().replace('-', "_"));
     // A chunk that the database refuses (a constraint the data breaks): not transient.

@@ -71,7 +71,10 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
     }
     let from = minute_ago();
     let replayed = stack.run_writer_command(&["replay", "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(replayed, json!({"messages": 3, "applied": 0, "already_applied": 3, "failed": 0}));
+    assert_eq!(
+        replayed,
+        json!({"messages": 3, "applied": 0, "already_applied": 3, "failed": 0, "expired": 0, "request_failed": 0})
+    );
 
     // As after a restore from a backup that predates one write: the conversion and the record
     // of its message are gone; the replay applies it again.
@@ -90,7 +93,10 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let replayed = stack.run_writer_command(&["replay", "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(replayed, json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0}));
+    assert_eq!(
+        replayed,
+        json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0, "expired": 0, "request_failed": 0})
+    );
     let back: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
         .bind(&key.workspace_id)
         .fetch_one(&db)

@@ -2,7 +2,7 @@
 //! retrying cannot cure is answered, dead-lettered with its reasons, and skipped.
 
 use intake_tests::serde_json::json;
-use intake_tests::{conversion, produce_request, topic_headers, Stack};
+use intake_tests::{conversion, produce_request, topic_headers, Stack, StackOptions};
 
 use std::time::{Duration, Instant};
 
@@ -86,9 +86,11 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
 
 #[tokio::test]
 async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newer_one() {
-    let stack = Stack::start().await;
+    // A trigger: on a database of the test's own (DDL on the shared one blocks every test).
+    let url = intake_tests::own_database().await;
+    let stack = Stack::start_with(StackOptions { database_url: Some(url.clone()), ..Default::default() }).await;
     let key = stack.workspace();
-    let db = intake_tests::database().await;
+    let db = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
     let (x, y) = (format!("x-{}", ulid::Ulid::new()), format!("y-{}", ulid::Ulid::new()));
     let function = format!("refuse_{}", ulid::Ulid::new().to_string().to_lowercase());
     sqlx::raw_sql(&format!(
@@ -120,7 +122,10 @@ async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newe
     let drained = stack
         .run_writer_command(&["replay", "--topic", &dlq, "--from-time", &from])
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(drained, json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1}));
+    assert_eq!(
+        drained,
+        json!({"messages": 2, "applied": 1, "already_applied": 0, "failed": 0, "kept_newer": 1, "expired": 0, "request_failed": 0})
+    );
     let value = |id: String| {
         let db = db.clone();
         async move {

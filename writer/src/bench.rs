@@ -1,11 +1,11 @@
 //! `intake-writer bench-apply` (hidden): the `direct_apply` baseline of `deploy/bench.sh`. The
-//! writer's own apply code ([`store::apply_chunks`]) called on prepared batches, with no HTTP and
+//! writer's own apply code ([`store::apply_run`]) called on prepared batches, with no HTTP and
 //! no Kafka, so that the end-to-end throughput can be compared with what the apply stage alone
 //! does on the same machine.
 //!
 //! The input file has one line per batch: a JSON array of the batch's chunks (request messages
 //! as the gateway would produce them, validated and hashed). A line is applied as one
-//! `apply_chunks` call (one transaction), timed from the call to its commit. The file is read
+//! `apply_run` call (one transaction; a batch's chunks are one workspace's), timed from the call to its commit. The file is read
 //! once; when the run outlasts it, the batches go round again with fresh message ids, external
 //! ids and parent links (a suffix per round), so that every round writes new conversions.
 
@@ -47,7 +47,8 @@ pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result
                     let batch = in_round(&batches[n % batches.len()], n / batches.len());
                     let requests: Vec<&WriteRequestV1> = batch.iter().collect();
                     let applying = Instant::now();
-                    store::apply_chunks(&pool, &requests).await?;
+                    let workspace_id = requests.first().map(|r| r.workspace_id.as_str()).unwrap_or_default();
+                    store::apply_run(&pool, workspace_id, &requests, store::Lock::Wait).await?;
                     latencies_us.push(u64::try_from(applying.elapsed().as_micros()).unwrap_or(u64::MAX));
                     items += batch.iter().map(|r| r.items.len()).sum::<usize>();
                 }
@@ -117,6 +118,7 @@ mod tests {
             received_at_ms: 0,
             workspace_id: "ws".into(),
             items,
+            request: None,
         }
     }
 

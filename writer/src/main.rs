@@ -3,16 +3,21 @@
 //! stdout, or exits non-zero with a message on stderr.
 
 mod admin;
+mod apply;
 mod bench;
 mod consume;
 mod dlq;
 mod erase;
+mod expiry;
 mod health;
 mod metrics;
 mod ops;
+mod outbox;
 mod plan;
+mod read;
 mod replay;
 mod retry;
+mod schedule;
 mod store;
 mod topics;
 
@@ -65,11 +70,27 @@ enum Command {
         /// ready, not healthy (an orchestrator restarts it), intake_writer_stalled = 1.
         #[arg(long, env = "INTAKE_WRITER_STALL_TIMEOUT_MS", default_value_t = 60_000)]
         stall_timeout_ms: u64,
-        /// Groups of messages applied at once, each on its own database connection and its own
-        /// partitions (a partition's messages stay in order). More lanes than the requests
-        /// topic's partitions, or than the pool's connections less two, add nothing.
+        /// Workspaces applied at once (lanes), each on a database connection of its own while it
+        /// applies; a workspace's messages stay in order, one lane at a time. More lanes than
+        /// the pool's connections less two add nothing.
         #[arg(long, env = "INTAKE_WRITER_APPLY_LANES", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
         apply_lanes: u16,
+        /// Messages one workspace may have read and not yet answered; at this bound its
+        /// partition is paused until half of them are answered. Keep it above what admission
+        /// lets in for one workspace from all gateways together (each gateway: its share of
+        /// --max-writes-in-flight, times 5 chunks of a 500-item batch).
+        #[arg(long, env = "INTAKE_WRITER_WORKSPACE_BACKLOG", default_value_t = 2_000)]
+        workspace_backlog: usize,
+        /// statement_timeout of every connection that applies chunks: a statement of a chunk's
+        /// own that runs longer is cancelled, retried a bounded number of times, then the chunk
+        /// is dead-lettered.
+        #[arg(long, env = "INTAKE_WRITER_STATEMENT_TIMEOUT_MS", default_value_t = 15_000)]
+        statement_timeout_ms: u64,
+        /// lock_timeout of every connection that applies chunks: a wait this long for a row
+        /// lock another session holds ends, and the workspace is tried again later (never
+        /// dead-lettered for it).
+        #[arg(long, env = "INTAKE_WRITER_LOCK_TIMEOUT_MS", default_value_t = 2_000)]
+        lock_timeout_ms: u64,
         /// At SIGTERM, how long the final offset commit and leaving the group may wait for Kafka.
         #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
         shutdown_timeout_ms: u64,
@@ -111,7 +132,9 @@ enum Command {
         database: DatabaseArgs,
     },
     /// Applies request messages again from a topic (default: the requests topic). Messages
-    /// already applied change nothing. Prints {"messages", "applied", "already_applied", "failed"}.
+    /// already applied change nothing, nor do chunks that reached the requests topic after their
+    /// deadline or whose request failed at an earlier chunk. Prints {"messages", "applied",
+    /// "already_applied", "failed", "expired", "request_failed"}.
     Replay {
         #[arg(long, requires = "from_offset", conflicts_with = "from_time")]
         partition: Option<i32>,
@@ -267,10 +290,17 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             ops_listen,
             stall_timeout_ms,
             apply_lanes,
+            workspace_backlog,
+            statement_timeout_ms,
+            lock_timeout_ms,
             shutdown_timeout_ms,
         } => {
             // Lazy: a writer started while PostgreSQL is down waits for it (the retry policy).
-            let pool = store::connect_lazy(&database.url, database.pool_size)?;
+            let timeouts = store::Timeouts {
+                statement: Duration::from_millis(statement_timeout_ms),
+                lock: Duration::from_millis(lock_timeout_ms),
+            };
+            let pool = store::connect_lazy(&database.url, database.pool_size, timeouts)?;
             let metrics = Arc::new(metrics::Metrics::new());
             let health =
                 health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
@@ -292,7 +322,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                     first_backoff: Duration::from_millis(50),
                     max_backoff: Duration::from_secs(5),
                 },
-                lanes: usize::from(apply_lanes),
+                workers: usize::from(apply_lanes),
+                workspace_backlog,
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
             consume::run(pool, settings, health, shutdown).await?;

@@ -28,6 +28,11 @@ pub struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Workspace {
+    pub workspace_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct What {
     pub what: &'static str,
 }
@@ -52,6 +57,13 @@ pub struct Metrics {
     pub replies_dropped: Counter,
     /// Rows of applied_messages (PostgreSQL's estimate).
     pub applied_messages_rows: Gauge,
+    /// Seconds each workspace whose lock is held elsewhere has waited, while it waits (its
+    /// messages are held; the others go on).
+    pub workspace_waiting_seconds: Family<Workspace, Gauge>,
+    /// Messages read and not yet answered, all workspaces together.
+    pub backlog: Gauge,
+    /// Partitions paused because one workspace's backlog reached its bound.
+    pub paused_partitions: Gauge,
 }
 
 impl Metrics {
@@ -69,6 +81,9 @@ impl Metrics {
             dead_lettered: Family::default(),
             replies_dropped: Counter::default(),
             applied_messages_rows: Gauge::default(),
+            workspace_waiting_seconds: Family::default(),
+            backlog: Gauge::default(),
+            paused_partitions: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -105,6 +120,17 @@ impl Metrics {
             "applied_messages_rows",
             "Rows of applied_messages (estimate)",
             metrics.applied_messages_rows.clone(),
+        );
+        registry.register(
+            "workspace_waiting_seconds",
+            "How long a workspace whose lock is held elsewhere has waited",
+            metrics.workspace_waiting_seconds.clone(),
+        );
+        registry.register("backlog", "Messages read and not yet answered", metrics.backlog.clone());
+        registry.register(
+            "paused_partitions",
+            "Partitions paused by a workspace's backlog at its bound",
+            metrics.paused_partitions.clone(),
         );
         Metrics { registry, ..metrics }
     }

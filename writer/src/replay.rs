@@ -2,6 +2,7 @@
 //! group, e.g. after a database restore or to re-apply dead-lettered messages once their cause is
 //! fixed. A message that was already applied is recognised by its id and changes nothing.
 
+use crate::expiry;
 use crate::store;
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
@@ -44,6 +45,7 @@ pub async fn replay(
     let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
     let ranges = ranges(&consumer, topic, start)?;
     let (mut applied, mut already, mut failed, mut messages, mut kept_newer) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut expired, mut request_failed) = (0u64, 0u64);
     for (partition, from, to) in ranges {
         if from > to {
             continue;
@@ -69,9 +71,16 @@ pub async fn replay(
                             continue;
                         }
                     }
+                    // A dead letter's own append time is its dead-lettering's; it reached the
+                    // requests topic in time, or it would not have been applied and failed.
+                    if newer == Newer::Overwrite && expiry::expired(&message, &request) {
+                        expired += 1;
+                        continue;
+                    }
                     match store::apply_chunk(pool, &request).await {
-                        Ok(outcome) if outcome.first_time => applied += 1,
-                        Ok(_) => already += 1,
+                        Ok(store::Chunk::Applied(outcome)) if outcome.first_time => applied += 1,
+                        Ok(store::Chunk::Applied(_)) => already += 1,
+                        Ok(store::Chunk::RequestFailed) => request_failed += 1,
                         Err(error) => {
                             failed += 1;
                             tracing::error!(%error, partition, offset = message.offset(), "replayed message failed");
@@ -85,7 +94,8 @@ pub async fn replay(
             }
         }
     }
-    let mut summary = json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed });
+    let mut summary = json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed,
+        "expired": expired, "request_failed": request_failed });
     if newer == Newer::Keep {
         summary["kept_newer"] = json!(kept_newer);
     }

@@ -14,9 +14,18 @@ use tokio::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// Retrying cures it once the other side is back.
+    /// The other side is away (unreachable, shutting down, out of connections): retrying cures
+    /// it once it is back.
     Outage,
-    /// Retrying cannot be expected to cure it.
+    /// Of a class that can be an outage (out of memory, disk full, a crashed backend, a
+    /// failover, a deadlock) or this message's own doing: an outage only while PostgreSQL
+    /// refuses other writes too (see `store::probe_writes`); else it takes the bounded way.
+    MaybeOutage,
+    /// Another session holds a lock the chunk needs (55P03 lock_not_available): the workspace
+    /// waits and is tried again, without counting an attempt.
+    Busy,
+    /// Retrying cannot be expected to cure it (including 57014, a statement that timed out:
+    /// the same chunk would time out again).
     Permanent,
 }
 
@@ -26,31 +35,30 @@ pub trait Classify: Display {
 
 impl Classify for sqlx::Error {
     fn failure(&self) -> Failure {
-        let outage = match self {
-            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => true,
-            sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
-            sqlx::Error::Database(db) => db.code().is_some_and(|code| is_outage_sqlstate(&code)),
-            _ => false,
-        };
-        if outage {
-            Failure::Outage
-        } else {
-            Failure::Permanent
+        match self {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => {
+                Failure::Outage
+            }
+            sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => Failure::MaybeOutage,
+            sqlx::Error::Database(db) => db.code().map_or(Failure::Permanent, |code| sqlstate_failure(&code)),
+            _ => Failure::Permanent,
         }
     }
 }
 
-/// SQLSTATEs of a server that is away or cannot take writes now, as opposed to one that refuses
-/// this statement: class 08 (connection), 53 (insufficient resources), 57P01-57P05 (shutdown,
-/// crash, cannot connect now, idle session timeout), 25006 (read-only transaction: a standby,
-/// as during a failover), 40001/40P01 (serialization failure, deadlock: the next try succeeds).
-/// Not 57014 (statement timeout, query cancelled): a chunk that always times out would retry
-/// forever.
-fn is_outage_sqlstate(code: &str) -> bool {
-    code.starts_with("08")
-        || code.starts_with("53")
-        || code.starts_with("57P")
-        || matches!(code, "25006" | "40001" | "40P01")
+/// Class 08 (connection), 53300 (too many connections) and 57P01-57P03 (shutdown, crash,
+/// cannot connect now) are a server that is away. The rest of class 53 (disk full, out of
+/// memory), 57P04-57P05, 25006 (read-only transaction, a standby during a failover) and
+/// 40001/40P01 (serialization failure, deadlock) may be one message's own doing as well.
+fn sqlstate_failure(code: &str) -> Failure {
+    match code {
+        "53300" | "57P01" | "57P02" | "57P03" => Failure::Outage,
+        "55P03" => Failure::Busy,
+        "25006" | "40001" | "40P01" | "57P04" | "57P05" => Failure::MaybeOutage,
+        _ if code.starts_with("08") => Failure::Outage,
+        _ if code.starts_with("53") => Failure::MaybeOutage,
+        _ => Failure::Permanent,
+    }
 }
 
 impl Classify for KafkaError {
@@ -92,6 +100,8 @@ pub enum Stop<E> {
     Interrupted,
     /// A permanent failure persisted for every attempt, or an outage outlasted `until`.
     GaveUp { error: E, attempts: u32 },
+    /// A lock the operation needs is held elsewhere ([`Failure::Busy`]): its caller waits.
+    Busy { error: E },
 }
 
 #[derive(Clone, Copy)]
@@ -114,12 +124,33 @@ impl Policy {
         metrics: &Metrics,
         until: Option<Instant>,
         shutdown: &mut watch::Receiver<bool>,
-        mut operation: F,
+        operation: F,
     ) -> Result<T, Stop<E>>
     where
         E: Classify,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
+    {
+        self.run_probed(what, metrics, until, shutdown, operation, || std::future::ready(false)).await
+    }
+
+    /// [`Policy::run`], with `takes_writes` asked whether a [`Failure::MaybeOutage`] is an
+    /// outage (it answers false) or the operation's own failure (true).
+    pub async fn run_probed<T, E, F, Fut, P, PFut>(
+        &self,
+        what: &'static str,
+        metrics: &Metrics,
+        until: Option<Instant>,
+        shutdown: &mut watch::Receiver<bool>,
+        mut operation: F,
+        takes_writes: P,
+    ) -> Result<T, Stop<E>>
+    where
+        E: Classify,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        P: Fn() -> PFut,
+        PFut: Future<Output = bool>,
     {
         let (mut attempts, mut permanent) = (0u32, 0u32);
         let mut backoff = self.first_backoff;
@@ -133,8 +164,14 @@ impl Policy {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            match error.failure() {
-                Failure::Outage => {
+            let failure = match error.failure() {
+                Failure::MaybeOutage if takes_writes().await => Failure::Permanent,
+                Failure::MaybeOutage => Failure::Outage,
+                other => other,
+            };
+            match failure {
+                Failure::Busy => return Err(Stop::Busy { error }),
+                Failure::Outage | Failure::MaybeOutage => {
                     metrics.transient_retries.get_or_create(&crate::metrics::What { what }).inc();
                     tracing::warn!(%error, what, attempts, "unavailable; retrying");
                     if until.is_some_and(|until| Instant::now() + backoff > until) {
@@ -177,14 +214,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failover_is_an_outage_and_a_statement_timeout_is_not() {
-        assert!(is_outage_sqlstate("25006"), "read-only transaction during a failover");
-        assert!(is_outage_sqlstate("08006"));
-        assert!(is_outage_sqlstate("57P01"), "admin shutdown");
-        assert!(is_outage_sqlstate("53300"), "too many connections");
-        assert!(!is_outage_sqlstate("57014"), "statement timeout always recurs for the same chunk");
-        assert!(!is_outage_sqlstate("23505"));
-        assert!(!is_outage_sqlstate("22P05"), "untranslatable character");
+    fn classes_of_sqlstate() {
+        assert_eq!(sqlstate_failure("08006"), Failure::Outage);
+        assert_eq!(sqlstate_failure("53300"), Failure::Outage, "too many connections");
+        assert_eq!(sqlstate_failure("57P01"), Failure::Outage, "admin shutdown");
+        assert_eq!(sqlstate_failure("53200"), Failure::MaybeOutage, "out of memory");
+        assert_eq!(sqlstate_failure("53100"), Failure::MaybeOutage, "disk full");
+        assert_eq!(sqlstate_failure("25006"), Failure::MaybeOutage, "read-only transaction during a failover");
+        assert_eq!(sqlstate_failure("40P01"), Failure::MaybeOutage);
+        assert_eq!(sqlstate_failure("55P03"), Failure::Busy, "a lock held elsewhere");
+        assert_eq!(sqlstate_failure("57014"), Failure::Permanent, "a statement timeout recurs for the same chunk");
+        assert_eq!(sqlstate_failure("23505"), Failure::Permanent);
+        assert_eq!(sqlstate_failure("22P05"), Failure::Permanent, "untranslatable character");
     }
 
     #[test]

@@ -6,20 +6,38 @@
 //! run of items, in order, so 16 single sends cost the statements of one.
 
 use crate::plan::{self, Fields, Plan, StoredConversion};
-use intake_common::message::{ItemResult, WriteRequestV1};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use intake_common::message::{ItemResult, RequestPart, WriteRequestV1};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new().max_connections(pool_size).acquire_timeout(Duration::from_secs(5)).connect(url).await
 }
 
-/// A pool that connects when first used, so that a writer can start while PostgreSQL is away.
-pub fn connect_lazy(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new().max_connections(pool_size).acquire_timeout(Duration::from_secs(5)).connect_lazy(url)
+/// Bounds on every statement of a connection, so that no statement hangs a worker: a statement
+/// of the chunk's own that runs too long is cancelled (57014, bounded retries, then a dead
+/// letter), and a wait for a row lock another session holds ends (55P03, the workspace waits).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub statement: Duration,
+    pub lock: Duration,
+}
+
+/// A pool that connects when first used, so that a writer can start while PostgreSQL is away;
+/// every connection carries `timeouts`.
+pub fn connect_lazy(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?.options([
+        ("statement_timeout", timeouts.statement.as_millis().to_string()),
+        ("lock_timeout", timeouts.lock.as_millis().to_string()),
+    ]);
+    Ok(PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options))
 }
 
 pub struct Applied {
@@ -28,63 +46,127 @@ pub struct Applied {
     pub first_time: bool,
 }
 
-/// Applies the chunk, or returns the results it had when it was first applied.
-pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Applied, sqlx::Error> {
-    let mut applied = apply_chunks(pool, &[request]).await?;
-    applied.pop().ok_or(sqlx::Error::RowNotFound)
+/// What became of one chunk of a workspace's run.
+pub enum Chunk {
+    Applied(Applied),
+    /// An earlier chunk of its request failed for good: this one is not applied, so that the
+    /// request leaves a prefix committed (docs/architecture.md, "Order within a request").
+    RequestFailed,
 }
 
-/// Applies several chunks in order in one transaction: one commit (one WAL flush) for all the
-/// messages a writer has at hand. If any fails, none is applied. Returns one outcome per
-/// request, in order.
-pub async fn apply_chunks(pool: &PgPool, requests: &[&WriteRequestV1]) -> Result<Vec<Applied>, sqlx::Error> {
-    // Workspaces are independent; locking them in id order keeps two writers that briefly hold
-    // the same messages (a rebalance) from deadlocking. Within one, requests keep their order.
-    let mut workspaces: Vec<&str> = requests.iter().map(|r| r.workspace_id.as_str()).collect();
-    workspaces.sort_unstable();
-    workspaces.dedup();
-    let mut tx = pool.begin().await?;
-    let mut applied: Vec<Option<Applied>> = requests.iter().map(|_| None).collect();
-    for workspace_id in workspaces {
-        let positions: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].workspace_id == workspace_id).collect();
-        let own: Vec<&WriteRequestV1> = positions.iter().map(|&i| requests[i]).collect();
-        for (position, outcome) in positions.into_iter().zip(apply_workspace(&mut tx, workspace_id, &own).await?) {
-            applied[position] = Some(outcome);
-        }
+/// A workspace's run of chunks, or the news that another session holds its lock.
+pub enum Run {
+    Done(Vec<Chunk>),
+    /// The workspace's lock is held elsewhere (a long erasure, another writer): nothing was
+    /// applied, and no connection waits for it.
+    Busy,
+}
+
+/// How a workspace's lock is taken.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    /// Wait for it (operator commands).
+    Wait,
+    /// Take it if it is free, else answer [`Run::Busy`] at once (the consumer).
+    Try,
+}
+
+/// Applies the chunk, waiting for its workspace's lock, or returns the results it had when it
+/// was first applied.
+pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {
+    match apply_run(pool, &request.workspace_id, &[request], Lock::Wait).await? {
+        Run::Done(mut chunks) => chunks.pop().ok_or(sqlx::Error::RowNotFound),
+        Run::Busy => Err(sqlx::Error::RowNotFound),
     }
-    tx.commit().await?;
-    applied.into_iter().map(|a| a.ok_or(sqlx::Error::RowNotFound)).collect()
+}
+
+/// Applies one workspace's chunks in order in one transaction: one commit (one WAL flush) for
+/// all the messages of the workspace at hand. If any fails, none is applied. One outcome per
+/// request, in order.
+pub async fn apply_run(
+    pool: &PgPool,
+    workspace_id: &str,
+    requests: &[&WriteRequestV1],
+    lock: Lock,
+) -> Result<Run, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let run = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
+    match run {
+        Run::Done(_) => tx.commit().await?,
+        Run::Busy => tx.rollback().await?,
+    }
+    Ok(run)
+}
+
+/// Marks a request whose chunk failed for good, so that no later chunk of it is applied, by
+/// this writer or another one after a rebalance or a restart.
+pub async fn mark_request_failed(pool: &PgPool, workspace_id: &str, part: &RequestPart) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO failed_requests (request_id, workspace_id, chunk_index) VALUES ($1, $2, $3)
+         ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
+    )
+    .bind(&part.id)
+    .bind(workspace_id)
+    .bind(i32::try_from(part.index).unwrap_or(i32::MAX))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A small committed write: whether PostgreSQL takes writes at all. An error of a class that
+/// could be an outage (out of memory, disk full) is one only while this fails too.
+pub async fn probe_writes(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO writer_probe (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()")
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// A message id already applied and its results; both null when none of the ids is (the row of
 /// the lock alone).
 type LookedUp = (Option<String>, Option<Json<Vec<ItemResult>>>);
+/// Whether the lock was taken, and a [`LookedUp`].
+type Locked = (bool, Option<String>, Option<Json<Vec<ItemResult>>>);
 
 /// One workspace's requests, in order.
 async fn apply_workspace(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
     requests: &[&WriteRequestV1],
-) -> Result<Vec<Applied>, sqlx::Error> {
+    lock: Lock,
+) -> Result<Run, sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
-    // rules read, then write, rows of the whole workspace. The look-up of the message ids reads
-    // a snapshot from before the lock was granted; a message applied meanwhile by another
-    // writer is still caught, by the primary key of applied_messages at the insert below.
+    // rules read, then write, rows of the whole workspace. The lock and the look-up of the
+    // message ids are one round trip. After a wait for the lock, the look-up reads a snapshot
+    // from before it was granted; a message applied meanwhile by another writer is still caught,
+    // by the primary key of applied_messages at the insert below.
+    let sql = match lock {
+        Lock::Wait => {
+            "SELECT true AS locked, m.correlation_id, m.results
+               FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l
+               LEFT JOIN applied_messages m ON m.correlation_id = ANY($2)"
+        }
+        Lock::Try => {
+            "SELECT l.locked, m.correlation_id, m.results
+               FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)) AS locked) AS l
+               LEFT JOIN applied_messages m ON l.locked AND m.correlation_id = ANY($2)"
+        }
+    };
     let ids: Vec<&str> = requests.iter().map(|r| r.correlation_id.as_str()).collect();
-    let previous: Vec<LookedUp> = sqlx::query_as(
-        "SELECT m.correlation_id, m.results
-           FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS locked
-           LEFT JOIN applied_messages m ON m.correlation_id = ANY($2)",
-    )
-    .bind(workspace_id)
-    .bind(&ids)
-    .fetch_all(&mut **tx)
-    .await?;
+    let looked_up: Vec<Locked> = sqlx::query_as(sql).bind(workspace_id).bind(&ids).fetch_all(&mut **tx).await?;
+    if !looked_up.first().is_some_and(|(locked, _, _)| *locked) {
+        return Ok(Run::Busy);
+    }
+    let previous: Vec<LookedUp> = looked_up.into_iter().map(|(_, id, results)| (id, results)).collect();
     let mut previous: HashMap<String, Vec<ItemResult>> =
         previous.into_iter().filter_map(|(id, results)| Some((id?, results?.0))).collect();
+    let failed = failed_requests(tx, requests).await?;
 
-    let fresh: Vec<&WriteRequestV1> =
-        requests.iter().copied().filter(|r| !previous.contains_key(&r.correlation_id)).collect();
+    let fresh: Vec<&WriteRequestV1> = requests
+        .iter()
+        .copied()
+        .filter(|r| !previous.contains_key(&r.correlation_id) && !in_failed_request(r, &failed))
+        .collect();
     let mut fresh_results = HashMap::new();
     if !fresh.is_empty() {
         let items: Vec<plan::Item<'_>> = fresh
@@ -116,16 +198,47 @@ async fn apply_workspace(
         .execute(&mut **tx)
         .await?;
     }
-    Ok(requests
+    Ok(Run::Done(
+        requests
+            .iter()
+            .map(|r| match (previous.remove(&r.correlation_id), fresh_results.remove(r.correlation_id.as_str())) {
+                (Some(results), _) => Chunk::Applied(Applied { results, first_time: false }),
+                (None, Some(results)) => Chunk::Applied(Applied { results, first_time: true }),
+                (None, None) => Chunk::RequestFailed,
+            })
+            .collect(),
+    ))
+}
+
+/// The requests among these (by the gateway's request id) of which a chunk failed for good,
+/// with that chunk's index. Only a request's later chunks can meet their request's failure, so
+/// the first ones cost no query.
+async fn failed_requests(
+    tx: &mut Transaction<'_, Postgres>,
+    requests: &[&WriteRequestV1],
+) -> Result<HashMap<String, i32>, sqlx::Error> {
+    let ids: Vec<&str> = requests
         .iter()
-        .map(|r| match previous.remove(&r.correlation_id) {
-            Some(results) => Applied { results, first_time: false },
-            None => Applied {
-                results: fresh_results.remove(r.correlation_id.as_str()).unwrap_or_default(),
-                first_time: true,
-            },
-        })
-        .collect())
+        .filter_map(|r| r.request.as_ref().filter(|part| part.index > 0))
+        .map(|p| p.id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let failed: Vec<(String, i32)> =
+        sqlx::query_as("SELECT request_id, chunk_index FROM failed_requests WHERE request_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&mut **tx)
+            .await?;
+    Ok(failed.into_iter().collect())
+}
+
+/// A chunk after the one of its request that failed.
+fn in_failed_request(request: &WriteRequestV1, failed: &HashMap<String, i32>) -> bool {
+    request
+        .request
+        .as_ref()
+        .is_some_and(|part| failed.get(&part.id).is_some_and(|&at| i64::from(part.index) > i64::from(at)))
 }
 
 /// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).

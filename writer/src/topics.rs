@@ -26,7 +26,10 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
     let min_insync = counts.min_insync_replicas.unwrap_or(if counts.replication >= 3 { 2 } else { 1 }).to_string();
     let replication = || TopicReplication::Fixed(counts.replication);
     let topics = [
-        NewTopic::new(&kafka.requests_topic, counts.request_partitions, replication()),
+        // The broker's append time, against which a writer refuses a chunk that arrived after its
+        // deadline (writer/src/expiry.rs).
+        NewTopic::new(&kafka.requests_topic, counts.request_partitions, replication())
+            .set("message.timestamp.type", "LogAppendTime"),
         NewTopic::new(&kafka.replies_topic, counts.reply_partitions, replication()),
         NewTopic::new(&kafka.dlq_topic, 1, replication()),
     ]

@@ -114,6 +114,7 @@ fn round_trip(items: Vec<Conversion>) {
         received_at_ms: NOW_MS,
         workspace_id: "w".to_owned(),
         items,
+        request: None,
     });
     let wire = serde_json::to_vec(&request).expect("serializes");
     let back = WriteRequest::from_slice(&wire).expect("reads back");

@@ -407,6 +407,9 @@ fn null_and_empty_optional_fields_are_not_sent() {
         "currency",
         "hdyhau",
         "tags",
+        "email_sha256",
+        "phone_sha256",
+        "address_sha256",
     ] {
         assert_eq!(ok(&with(field, json!(null))), ok(&base()), "{field}: null");
         assert_eq!(ok(&with(field, json!(""))), ok(&base()), "{field}: empty");
@@ -427,6 +430,94 @@ fn identifiers_are_hashed_and_never_kept_raw() {
     let wire = serde_json::to_string(&valid.conversion).unwrap_or_default();
     for raw in ["Ann@", "ann@", "555", "Main", "main"] {
         assert!(!wire.contains(raw), "{raw} leaked into {wire}");
+    }
+}
+
+const HASH: &str = "71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476";
+
+#[test]
+fn pre_hashed_identifiers_are_kept_as_the_gateways_own_hashes() {
+    let mut input = base();
+    input["email_sha256"] = json!(sha256_hex("ann@example.com").as_str());
+    input["phone_sha256"] = json!(sha256_hex("+14155552671").as_str());
+    input["address_sha256"] = json!(sha256_hex("1 main st|94105|US").as_str());
+    let hashed = ok(&input);
+    assert!(hashed.warnings.is_empty());
+
+    let mut raw = base();
+    raw["email"] = json!(" Ann@Example.com");
+    raw["phone"] = json!("+1 415 555 2671");
+    raw["address"] = json!({"line1": "1 Main St.", "zip": "94105-1234"});
+    assert_eq!(hashed, ok(&raw), "the same conversion, as the writer receives it");
+}
+
+#[test]
+fn pre_hashed_identifiers_must_be_lower_case_hex_sha256() {
+    for field in ["email_sha256", "phone_sha256", "address_sha256"] {
+        ok(&with(field, json!(HASH)));
+        assert_field_rejects(
+            field,
+            &[
+                json!(HASH.to_uppercase()),
+                json!(&HASH[1..]),
+                json!(format!("{HASH}0")),
+                json!(format!("{}g", &HASH[1..])),
+                json!(format!(" {}", &HASH[1..])),
+                json!(format!("{HASH}\n")),
+                json!("ann@example.com"),
+                json!(1),
+                json!([HASH]),
+                json!({"sha256": HASH}),
+            ],
+        );
+    }
+}
+
+#[test]
+fn raw_and_hashed_forms_of_one_identifier_are_refused_at_the_hashed_path() {
+    let mut input = base();
+    input["email"] = json!("ann@example.com");
+    input["email_sha256"] = json!(HASH);
+    input["phone"] = json!("+14155552671");
+    input["phone_sha256"] = json!(HASH);
+    input["address"] = json!({"line1": "1 Main St", "zip": "94105"});
+    input["address_sha256"] = json!(HASH);
+    assert_eq!(paths(&input), ["email_sha256", "phone_sha256", "address_sha256"]);
+    // An unusable raw form is still sent; null or "" is not.
+    let mut unusable = with("email", json!("not an email"));
+    unusable["email_sha256"] = json!(HASH);
+    assert_eq!(paths(&unusable), ["email_sha256"]);
+    for not_sent in [json!(null), json!("")] {
+        let mut input = base();
+        input["email"] = not_sent.clone();
+        input["email_sha256"] = json!(HASH);
+        input["address"] = not_sent;
+        input["address_sha256"] = json!(HASH);
+        let valid = ok(&input);
+        assert_eq!(valid.conversion.email_sha256.as_ref().map(|h| h.as_str()), Some(HASH));
+        assert_eq!(valid.conversion.address_sha256.as_ref().map(|h| h.as_str()), Some(HASH));
+    }
+    // Another identifier's raw form is no conflict.
+    let mut mixed = base();
+    mixed["email_sha256"] = json!(HASH);
+    mixed["phone"] = json!("+14155552671");
+    let valid = ok(&mixed);
+    assert_eq!(valid.conversion.phone_sha256, Some(sha256_hex("+14155552671")));
+}
+
+#[test]
+fn pre_hashed_messages_never_contain_the_value() {
+    let secret = "SECRET-VALUE-42";
+    let mut input = base();
+    input["email_sha256"] = json!(secret);
+    input["phone"] = json!(secret);
+    input["phone_sha256"] = json!(format!("{secret}{}", "0".repeat(49)));
+    match validate_conversion(&input, NOW_MS) {
+        Err(Invalid::Fields(errors)) => {
+            assert_eq!(errors.len(), 3, "{errors:?}");
+            assert!(errors.iter().all(|e| !e.message.contains(secret)), "{errors:?}");
+        }
+        other => panic!("{other:?}"),
     }
 }
 

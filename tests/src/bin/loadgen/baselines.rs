@@ -44,6 +44,7 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
                 received_at_ms: now,
                 workspace_id: workspace_id.clone(),
                 items: items.to_vec(),
+                request: None,
             })
             .collect();
         text.push_str(&serde_json::to_string(&chunks)?);

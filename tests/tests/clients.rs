@@ -1,0 +1,109 @@
+//! The client libraries of clients/ against a real stack: each library's own test suite (pytest
+//! for Python, node --test for TypeScript) runs as a subprocess with the stack's address and a
+//! key of its own, the way a user would point the library at the service. deploy/test.sh installs
+//! the tools and sets INTAKE_CLIENTS_PYTHON (a virtualenv's python with httpx, pytest and mypy; the
+//! library is imported from this checkout) and INTAKE_CLIENTS_NODE; INTAKE_CLIENTS=skip says
+//! they are not installed, and these tests then say so and pass.
+
+use intake_tests::Stack;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn clients() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("clients")
+}
+
+/// The tool's path from the environment, or None when the clients' tools are declared missing.
+fn tool(variable: &str) -> Option<String> {
+    if std::env::var("INTAKE_CLIENTS").is_ok_and(|v| v == "skip") {
+        eprintln!("INTAKE_CLIENTS=skip: the client libraries' tests do not run");
+        return None;
+    }
+    let path = std::env::var(variable).unwrap_or_else(|_| {
+        panic!("{variable} is not set: run deploy/test.sh, which installs the client libraries' tools (or set INTAKE_CLIENTS=skip)")
+    });
+    assert!(Path::new(&path).exists(), "{variable}={path} does not exist: run deploy/test.sh");
+    Some(path)
+}
+
+/// Runs the command to its end; its output is printed, and shown in the panic when it failed.
+fn succeed(mut command: Command, what: &str) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{what} failed ({}):\n{text}", output.status);
+    println!("{text}");
+    output
+}
+
+fn live(command: &mut Command, stack: &Stack) {
+    let key = stack.workspace();
+    command
+        .env("INTAKE_BASE_URL", format!("{}/v1", stack.base_url))
+        .env("INTAKE_API_KEY", &key.secret)
+        .env("INTAKE_CLIENTS_REQUIRE_LIVE", "1");
+}
+
+#[tokio::test]
+async fn the_python_library_passes_its_tests_against_the_service() {
+    let Some(python) = tool("INTAKE_CLIENTS_PYTHON") else { return };
+    let stack = Stack::start().await;
+    let dir = clients().join("python");
+    let mut command = Command::new(python);
+    command
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(&dir)
+        .env("PYTHONPATH", dir.join("src"))
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    live(&mut command, &stack);
+    succeed(command, "pytest of clients/python");
+}
+
+#[tokio::test]
+async fn the_typescript_library_passes_its_tests_against_the_service() {
+    let Some(node) = tool("INTAKE_CLIENTS_NODE") else { return };
+    let stack = Stack::start().await;
+    let dir = clients().join("typescript");
+    let tests: Vec<PathBuf> = std::fs::read_dir(dir.join("test"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.to_string_lossy().ends_with(".test.mjs"))
+        .collect();
+    assert!(tests.len() >= 5, "{tests:?}");
+    let mut command = Command::new(node);
+    command.arg("--test").args(&tests).current_dir(&dir);
+    live(&mut command, &stack);
+    succeed(command, "node --test of clients/typescript");
+}
+
+/// `npm install ./clients/typescript` takes the committed dist/ as it is: it must be what src/
+/// compiles to.
+#[test]
+fn the_typescript_dist_is_compiled_from_its_sources() {
+    let Some(node) = tool("INTAKE_CLIENTS_NODE") else { return };
+    let dir = clients().join("typescript");
+    let tsc = dir.join("node_modules/typescript/bin/tsc");
+    assert!(tsc.exists(), "{} is missing: run deploy/test.sh (npm ci in clients/typescript)", tsc.display());
+    let out = std::env::temp_dir().join(format!("intake-clients-dist-{}", ulid::Ulid::new()));
+    let mut command = Command::new(node);
+    command.arg(&tsc).args(["-p", "tsconfig.json", "--outDir"]).arg(&out).current_dir(&dir);
+    succeed(command, "tsc");
+    let files = |root: &Path| -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(root)
+            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+            .filter_map(|entry| entry.ok())
+            .map(|entry| {
+                let bytes = std::fs::read(entry.path()).unwrap_or_default();
+                (entry.file_name().to_string_lossy().into_owned(), bytes)
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let (built, committed) = (files(&out), files(&dir.join("dist")));
+    let _ = std::fs::remove_dir_all(&out);
+    let names = |files: &[(String, Vec<u8>)]| files.iter().map(|(name, _)| name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&built), names(&committed), "dist/ has other files than src/ compiles to: npm run build");
+    for ((name, built), (_, committed)) in built.iter().zip(&committed) {
+        assert!(built == committed, "dist/{name} is not what src/ compiles to: npm run build, and commit dist/");
+    }
+}

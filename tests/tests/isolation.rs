@@ -1,0 +1,266 @@
+//! One workspace's trouble stays its own (docs/architecture.md, "Isolation in the writer",
+//! "Order within a request", "Failure classes", "Stale values"): a refused middle chunk leaves
+//! a prefix, poison chunks of outage-like classes are dead-lettered while the partition goes on,
+//! a workspace held in PostgreSQL holds up only itself, and a chunk that reached Kafka after its
+//! deadline is never applied. The tests that need a trigger run on a database of their own.
+
+use intake_tests::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn batch(items: Vec<Value>) -> Value {
+    json!({ "conversions": items })
+}
+
+async fn stored(db: &sqlx::PgPool, workspace_id: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(workspace_id)
+        .fetch_one(db)
+        .await
+        .unwrap_or(-1)
+}
+
+/// A trigger on the test's own database that raises `sqlstate` for the item `external_id`.
+async fn refuse(db: &sqlx::PgPool, external_id: &str, sqlstate: &str) {
+    let function = format!("refuse_{}", ulid::Ulid::new().to_string().to_lowercase());
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.external_id = '{external_id}' THEN
+           RAISE EXCEPTION 'refused by test' USING ERRCODE = '{sqlstate}'; END IF; RETURN NEW; END $$;
+         CREATE TRIGGER {function} BEFORE INSERT ON conversions FOR EACH ROW EXECUTE FUNCTION {function}();"
+    ))
+    .execute(db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn own_stack(writer_args: &[&str]) -> (Stack, sqlx::PgPool) {
+    let url = own_database().await;
+    let options = StackOptions {
+        database_url: Some(url.clone()),
+        writer_args: writer_args.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    let stack = Stack::start_with(options).await;
+    (stack, sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}")))
+}
+
+#[tokio::test]
+async fn a_refused_middle_chunk_leaves_the_first_chunk_and_nothing_after_it() {
+    let (stack, db) = own_stack(&[]).await;
+    let key = stack.workspace();
+    let poison = format!("poison-{}", ulid::Ulid::new());
+    refuse(&db, &poison, "P0001").await;
+    let mut items: Vec<Value> = (0..300).map(|_| conversion("lead")).collect();
+    items[150]["external_id"] = json!(poison);
+    let reply = stack.post("/v1/conversions/batch", &key, &batch(items.clone())).await;
+    assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));
+    assert_eq!(stored(&db, &key.workspace_id).await, 100, "the first chunk only: a prefix, never a gap");
+    let third: Vec<&str> = items[200..].iter().filter_map(|i| i["external_id"].as_str()).collect();
+    let third_stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)")
+            .bind(&key.workspace_id)
+            .bind(&third)
+            .fetch_one(&db)
+            .await
+            .unwrap_or(-1);
+    assert_eq!(third_stored, 0);
+    let letters = topic_headers(&format!("{}.requests.dlq", stack.topic_prefix), 2, Duration::from_secs(5));
+    assert_eq!(letters.len(), 1, "only the refused chunk is dead-lettered: {letters:?}");
+    assert_eq!(letters[0].get("reason").map(String::as_str), Some("apply_failed"));
+
+    // A later request of the same workspace is applied; the client's re-send fills the rest.
+    items[150]["external_id"] = json!(format!("fixed-{}", ulid::Ulid::new()));
+    let again = stack.post("/v1/conversions/batch", &key, &batch(items)).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body["summary"], json!({"created": 200, "updated": 0, "unchanged": 100, "failed": 0}));
+}
+
+#[tokio::test]
+async fn poison_of_outage_like_classes_is_dead_lettered_and_its_partition_goes_on() {
+    let (stack, db) = own_stack(&[]).await;
+    let key = stack.workspace();
+    for sqlstate in ["53200", "57014", "53100"] {
+        let poison = format!("poison-{sqlstate}-{}", ulid::Ulid::new());
+        refuse(&db, &poison, sqlstate).await;
+        let mut item = conversion("lead");
+        item["external_id"] = json!(poison);
+        let started = Instant::now();
+        let reply = stack.post("/v1/conversions", &key, &item).await;
+        assert_eq!((reply.status, reply.error_code()), (500, "internal_error"), "{sqlstate}");
+        assert!(started.elapsed() < Duration::from_secs(9), "{sqlstate}: given up after its attempts, not timed out");
+        let next = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+        assert_eq!(next.status, 201, "{sqlstate}: the workspace and its partition go on");
+    }
+    let letters = topic_headers(&format!("{}.requests.dlq", stack.topic_prefix), 3, Duration::from_secs(10));
+    assert_eq!(letters.len(), 3);
+}
+
+#[tokio::test]
+async fn a_chunk_that_reached_kafka_after_its_deadline_is_never_applied() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let db = database().await;
+    let mut item = conversion("purchase");
+    item["value"] = json!("10");
+    assert_eq!(stack.post("/v1/conversions", &key, &item).await.status, 201);
+    let topic = format!("{}.requests", stack.topic_prefix);
+
+    // An older value, delivered after its deadline (held in a producer, or replayed): refused.
+    let mut stale = item.clone();
+    stale["value"] = json!("5");
+    produce_request_with_deadline(&topic, &key.workspace_id, 0, &stale, now_ms() - 1_000).await;
+    // A chunk sent in time after it is applied, in order: when it shows, the stale one was read.
+    let mut later = conversion("lead");
+    later["external_id"] = json!(format!("later-{}", ulid::Ulid::new()));
+    produce_request(&topic, &key.workspace_id, 0, &later).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stored(&db, &key.workspace_id).await < 2 {
+        assert!(Instant::now() < deadline, "the chunk in time was not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let value: String =
+        sqlx::query_scalar("SELECT value::text FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+            .bind(&key.workspace_id)
+            .bind(item["external_id"].as_str().unwrap_or_default())
+            .fetch_one(&db)
+            .await
+            .unwrap_or_default();
+    assert_eq!(value, "10", "the acknowledged value stays");
+    let metrics = stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await;
+    let text = match metrics {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(error) => panic!("{error}"),
+    };
+    assert!(text.contains("intake_writer_messages_total{outcome=\"expired\"} 1"), "{text}");
+}
+
+/// Keys on the same request partition as `held`, and on others.
+fn neighbours(stack: &Stack, held: &TestKey, count: usize) -> (Vec<TestKey>, Vec<TestKey>) {
+    let partition = stack.request_partition(&held.workspace_id);
+    let (mut same, mut other) = (Vec::new(), Vec::new());
+    while same.len() < count || other.len() < count {
+        let key = stack.workspace();
+        if stack.request_partition(&key.workspace_id) == partition {
+            if same.len() < count {
+                same.push(key);
+            }
+        } else if other.len() < count {
+            other.push(key);
+        }
+    }
+    (same, other)
+}
+
+#[tokio::test]
+async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
+    let stack = Stack::start_with(StackOptions { write_timeout_ms: 5_000, ..Default::default() }).await;
+    let held = stack.workspace();
+    let (same, other) = neighbours(&stack, &held, 2);
+    let db = database().await;
+    // Another session holds the workspace's apply lock, as a long erasure would.
+    let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(&held.workspace_id)
+        .execute(&mut *holder)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // The held workspace keeps sending 500-item batches meanwhile.
+    let client = stack.client();
+    let held_key = held.clone();
+    let flooding = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut statuses = Vec::new();
+        while started.elapsed() < Duration::from_secs(8) {
+            let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
+            statuses.push(client.post("/v1/conversions/batch", &held_key, &batch(items)).await.status);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        statuses
+    });
+    let mut latencies = Vec::new();
+    let mut statuses = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        let sends = same.iter().chain(&other).map(|key| {
+            let client = stack.client();
+            let key = key.clone();
+            async move {
+                let sent = Instant::now();
+                let status = client.post("/v1/conversions", &key, &conversion("lead")).await.status;
+                (status, sent.elapsed())
+            }
+        });
+        for (status, latency) in join_all(sends).await {
+            statuses.push(status);
+            latencies.push(latency);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held_statuses = flooding.await.unwrap_or_default();
+    let ok = statuses.iter().filter(|s| **s == 201).count();
+    latencies.sort();
+    let p99 = latencies[latencies.len() * 99 / 100];
+    assert!(ok * 100 >= statuses.len() * 99, "neighbours served: {ok} of {}", statuses.len());
+    // Generous for a loaded 2-core CI machine; the benchmark measures it properly.
+    assert!(p99 < Duration::from_secs(1), "neighbours' p99 {p99:?}");
+    assert!(!held_statuses.contains(&200), "the held workspace wrote nothing while held: {held_statuses:?}");
+    assert!(held_statuses.contains(&503), "the held workspace is refused alone: {held_statuses:?}");
+
+    // Released: the held workspace writes again soon.
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(&held.workspace_id)
+        .execute(&mut *holder)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let released = Instant::now();
+    loop {
+        let reply = stack.post("/v1/conversions", &held, &conversion("lead")).await;
+        if reply.status == 201 {
+            break;
+        }
+        assert!(released.elapsed() < Duration::from_secs(30), "still refused: {} {}", reply.status, reply.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_row_lock_held_elsewhere_is_waited_out_not_dead_lettered() {
+    let stack = Stack::start_with(StackOptions {
+        writer_args: vec!["--lock-timeout-ms".into(), "200".into()],
+        write_timeout_ms: 3_000,
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let item = conversion("lead");
+    assert_eq!(stack.post("/v1/conversions", &key, &item).await.status, 201);
+    let db = database().await;
+    let mut tx = db.begin().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("SELECT 1 FROM conversions WHERE workspace_id = $1 FOR UPDATE")
+        .bind(&key.workspace_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut update = item.clone();
+    update["value"] = json!("7");
+    let reply = stack.post("/v1/conversions", &key, &update).await;
+    assert_eq!(reply.status, 500, "the row stays locked past the deadline");
+    tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let value: Option<String> = sqlx::query_scalar("SELECT value::text FROM conversions WHERE workspace_id = $1")
+            .bind(&key.workspace_id)
+            .fetch_one(&db)
+            .await
+            .unwrap_or_default();
+        if value.as_deref() == Some("7") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiting chunk was never applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let letters = topic_headers(&format!("{}.requests.dlq", stack.topic_prefix), 1, Duration::from_secs(2));
+    assert!(letters.is_empty(), "a lock wait is not the chunk's failure: {letters:?}");
+}
