@@ -441,6 +441,34 @@ async fn silent_and_half_sent_http2_connections_are_cut_off() {
 }
 
 #[tokio::test]
+async fn on_sigterm_an_http2_connection_finishes_its_request_then_closes() {
+    let mut stack = Stack::start_with(StackOptions { start_writer: false, ..Default::default() }).await;
+    let key = stack.workspace();
+    let mut connection = H2::connect(&stack, None).await;
+    let mut client = connection.client.clone().ready().await.unwrap_or_else(|e| panic!("{e}"));
+    let (response, mut stream) = client
+        .send_request(connection.request("POST", "/v1/conversions", Some(&key), None), false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    stream.send_data(Bytes::from(conversion("lead").to_string()), true).unwrap_or_else(|e| panic!("{e}"));
+    let in_flight = tokio::spawn(read_response(response));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // No writer yet: the write waits. SIGTERM, then a writer: the write is answered on the
+    // connection, which then closes (GOAWAY) and the gateway exits.
+    let exited = stack.terminate_gateway();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.start_writer();
+    let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply.map(|r| r.0).ok(), Some(201), "the request in flight was answered");
+    tokio::time::timeout(Duration::from_secs(10), &mut connection.closed)
+        .await
+        .unwrap_or_else(|_| panic!("the connection stayed open after the shutdown"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = tokio::task::spawn_blocking(move || exited.join().ok().flatten()).await.ok().flatten();
+    assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
+}
+
+#[tokio::test]
 async fn http2_limits_concurrent_streams_and_header_lists() {
     let stack = Stack::start_with(StackOptions {
         gateway_args: args(&[
