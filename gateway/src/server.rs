@@ -186,8 +186,8 @@ where
         let Some(tls) = tls else {
             return self.detect_and_serve(stream).await;
         };
-        // Nor may the handshake take longer than a head: a silent client is closed as soon on
-        // either port.
+        // Nor may the handshake take longer than a head would: a silent client is closed as soon
+        // as on a plain port.
         let deadline = self.settings.tls_handshake_timeout.min(self.settings.header_read_timeout);
         let stream = match tokio::time::timeout(deadline, tls.accept(stream)).await {
             Ok(Ok(stream)) => stream,
