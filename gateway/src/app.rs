@@ -18,6 +18,7 @@ use crate::metrics::{Metrics, ShedReason};
 use crate::overload::Admission;
 use crate::ratelimit::{Counter, Quota, RateLimiter};
 use crate::ready::Readiness;
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::routes::Route;
 use crate::writes::WriteClient;
@@ -25,7 +26,6 @@ use crate::{conversions, openapi, validate_only, workspace};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
 use intake_common::error::ErrorCode;
 use intake_common::ids;
 use sqlx::PgPool;
@@ -42,7 +42,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// The layers below [`App::handle`]; the catch-panic layer answers with a body type of its own.
 type Inner = BoxCloneService<
-    http::Request<Incoming>,
+    http::Request<RequestBody>,
     http::Response<tower_http::body::UnsyncBoxBody<Bytes, BoxError>>,
     BoxError,
 >;
@@ -80,7 +80,6 @@ pub struct RequestContext {
 struct Facts {
     principal: OnceLock<(String, String)>,
     items: OnceLock<usize>,
-    body_read: OnceLock<()>,
 }
 
 impl Default for RequestContext {
@@ -97,11 +96,6 @@ impl RequestContext {
     /// The number of conversions the request carried.
     pub fn items(&self, count: usize) {
         let _ = self.facts.items.set(count);
-    }
-
-    /// The request's body has been read to its end.
-    pub fn body_read(&self) {
-        let _ = self.facts.body_read.set(());
     }
 }
 
@@ -120,7 +114,7 @@ fn panicked(_panic: Box<dyn std::any::Any + Send>) -> http::Response<http_body_u
 pub fn api_service(
     app: Arc<App>,
     max_requests_in_flight: usize,
-) -> impl tower::Service<http::Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send>
+) -> impl tower::Service<http::Request<RequestBody>, Response = http::Response<Body>, Error = Infallible, Future: Send>
        + Clone
        + Send
        + 'static {
@@ -142,13 +136,12 @@ pub fn api_service(
 }
 
 impl App {
-    async fn handle(&self, mut request: http::Request<Incoming>, inner: Inner) -> http::Response<Body> {
+    async fn handle(&self, mut request: http::Request<RequestBody>, inner: Inner) -> http::Response<Body> {
         let started = Instant::now();
         let context = RequestContext::default();
         request.extensions_mut().insert(context.clone());
         let method = request.method().clone();
         let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
-        let has_body = !request.body().is_end_stream();
         let outcome = match inner.oneshot(request).await {
             Ok(response) if response.extensions().get::<Panicked>().is_none() => {
                 Ok(response.map(BodyExt::boxed_unsync))
@@ -168,12 +161,6 @@ impl App {
         if let Ok(value) = http::HeaderValue::from_str(&context.id) {
             response.headers_mut().insert("x-request-id", value);
         }
-        if has_body && context.facts.body_read.get().is_none() {
-            // Answered before its body was read (413, 408, 503, 401 on a write...): hyper closes
-            // the connection after the response, so say so, or a client would reuse it and
-            // lose its next request to the close.
-            response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        }
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
         self.metrics.observe(route_name, status, elapsed);
@@ -192,7 +179,7 @@ impl App {
         response
     }
 
-    async fn route(&self, request: http::Request<Incoming>) -> Response {
+    async fn route(&self, request: http::Request<RequestBody>) -> Response {
         let context = request.extensions().get::<RequestContext>().cloned().unwrap_or_default();
         if self.panic_test_route && request.uri().path() == PANIC_TEST_PATH {
             panic!("the panic test route was called");
@@ -216,7 +203,7 @@ impl App {
         &self,
         route: Route,
         context: &RequestContext,
-        request: http::Request<Incoming>,
+        request: http::Request<RequestBody>,
     ) -> (Result<Response, ApiError>, Option<Quota>) {
         let principal = match self.auth.authenticate(request.headers().get(http::header::AUTHORIZATION)).await {
             Ok(principal) => principal,
@@ -256,7 +243,7 @@ impl App {
 
 /// The ops port: liveness, readiness and Prometheus metrics. It serves from the start, before
 /// Kafka is reached, and until the process exits.
-pub async fn handle_ops(readiness: &Readiness, metrics: &Metrics, request: http::Request<Incoming>) -> Response {
+pub async fn handle_ops(readiness: &Readiness, metrics: &Metrics, request: http::Request<RequestBody>) -> Response {
     match request.uri().path() {
         "/healthz" => json(200, &serde_json::json!({ "status": "ok" })),
         "/readyz" => match readiness.status() {

@@ -7,9 +7,9 @@ use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
 use crate::overload::WorkspaceTicket;
 use crate::ratelimit::Counter;
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::writes::WriteError;
-use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::{Conversion, ValidConversion, Warning};
 use intake_common::error::ErrorCode;
@@ -21,11 +21,11 @@ pub async fn single(
     app: &App,
     principal: &Principal,
     context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
-    let body = read_body(app, context, request, SINGLE_LIMIT).await?;
+    let body = read_body(app, request, SINGLE_LIMIT).await?;
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
@@ -44,11 +44,11 @@ pub async fn batch(
     app: &App,
     principal: &Principal,
     context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
-    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let body = read_body(app, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
@@ -106,13 +106,11 @@ pub async fn batch(
 
 pub(crate) async fn read_body(
     app: &App,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
     limit: usize,
 ) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, app.body_read_timeout).await?;
-    context.body_read();
     Ok(bytes)
 }
 

@@ -7,8 +7,8 @@ use crate::api_error::ApiError;
 use crate::app::{App, RequestContext};
 use crate::body::BATCH_LIMIT;
 use crate::conversions::{parse, read_body};
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
-use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::Warning;
 use intake_common::validate::validate_batch;
@@ -17,10 +17,10 @@ use serde::Serialize;
 pub async fn batch(
     app: &App,
     context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let body = read_body(app, context, request, BATCH_LIMIT).await?;
+    let body = read_body(app, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
