@@ -73,10 +73,8 @@ fn flattened(text: &str) -> String {
     text.lines()
         .map(|line| {
             let line = line.trim_start();
-            let line = ["//!", "///", "//", "#", "*", ">"]
-                .iter()
-                .find_map(|marker| line.strip_prefix(marker))
-                .unwrap_or(line);
+            let line =
+                ["//!", "///", "//", "#", "*", ">"].iter().find_map(|marker| line.strip_prefix(marker)).unwrap_or(line);
             line.trim()
         })
         .collect::<Vec<_>>()
@@ -145,11 +143,7 @@ fn no_comment_cites_numbered_sections_of_outside_documents() {
             }
         }
     }
-    assert!(
-        found.is_empty(),
-        "cite docs/api.md or docs/architecture.md by heading instead:\n{}",
-        found.join("\n")
-    );
+    assert!(found.is_empty(), "cite docs/api.md or docs/architecture.md by heading instead:\n{}", found.join("\n"));
 }
 
 #[test]
