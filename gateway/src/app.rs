@@ -8,7 +8,7 @@
 //!    `GlobalConcurrencyLimit`): beyond the cap, 503 service_unavailable at once.
 //! 3. Catch-panic (tower-http): a panic in a request becomes 500 internal_error, never a
 //!    dropped connection.
-//! 4. [`App::route`]: the error order of DESIGN section 2.2: route, authenticate, scope, query
+//! 4. [`App::route`]: the error order of docs/api.md, "Error order": route, authenticate, scope, query
 //!    string, request rate limit, write admission (503, writes only: validation writes
 //!    nothing), then the endpoint.
 

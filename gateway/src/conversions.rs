@@ -52,7 +52,7 @@ pub async fn batch(
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
-    // Every item counts, valid or not (DESIGN section 4).
+    // Every item counts, valid or not (docs/api.md, "Rate limits").
     app.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
     // The valid conversions move into the chunks; each item keeps its warnings or its error.

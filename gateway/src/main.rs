@@ -57,7 +57,7 @@ struct Config {
     #[arg(long, env = "INTAKE_CLOCK_SKEW_MARGIN_MS", default_value_t = 1_000)]
     clock_skew_margin_ms: u64,
     /// How long a known key's lookup is cached; revocation, suspension and deletion take effect
-    /// within this time (at most 5 s, DESIGN 3).
+    /// within this time (at most 5 s).
     #[arg(long, env = "INTAKE_AUTH_CACHE_TTL_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=5_000))]
     auth_cache_ttl_ms: u64,
     /// How long an unknown key is remembered as unknown (capped at the known-key time).

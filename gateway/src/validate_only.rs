@@ -1,7 +1,7 @@
-//! POST /v1/conversions/validate (DESIGN 11): the batch endpoint's envelope, limits and error
-//! order, less the conversion limit; every item validated, normalized and hashed, nothing
-//! written (no Kafka message, no conversion counted). The answer says per item what a batch
-//! send would do with it: its warnings, or its error.
+//! POST /v1/conversions/validate (docs/api.md, "POST /v1/conversions/validate"): the batch
+//! endpoint's envelope, limits and error order, less the conversion limit; every item validated,
+//! normalized and hashed, nothing written (no Kafka message, no conversion counted). The answer
+//! says per item what a batch send would do with it: its warnings, or its error.
 
 use crate::api_error::ApiError;
 use crate::app::{App, RequestContext};

@@ -1,7 +1,8 @@
-//! The gateway under bad clients and overload (issue 9, DESIGN 2.6), and what it tells its
-//! operator (issue 12: metrics, readiness, log lines): a panic is a 500 with its request id,
-//! slow and idle clients are cut off while well-behaved ones are served, overload is refused
-//! with 503 before the body is read, a write has one deadline, and an unknown key costs one query.
+//! The gateway under bad clients and overload (docs/architecture.md, "Admission"), and what it
+//! tells its operator (docs/operations.md, "Metrics"; readiness, log lines): a panic is a 500
+//! with its request id, slow and idle clients are cut off while well-behaved ones are served,
+//! overload is refused with 503 before the body is read, a write has one deadline, and an
+//! unknown key costs one query.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, free_port, join_all, Stack, StackOptions};

@@ -271,7 +271,7 @@ async fn main() {
     let cli = Cli::parse();
     init_logging(&cli.log);
     // An explicit exit: a blocking task still waiting for an unreachable broker at shutdown
-    // must not hold the process (the writer's shutdown is bounded, DESIGN 10).
+    // must not hold the process (the writer's shutdown is bounded, docs/operations.md, "Shutdown").
     match execute(cli.command).await {
         Ok(output) => {
             println!("{output}");

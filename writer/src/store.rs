@@ -403,7 +403,7 @@ async fn upsert_conversions(
     Ok(())
 }
 
-/// Matching window (DESIGN section 8): conversions older than this at receipt get no matches,
+/// Matching window (docs/api.md, "Matching to visits"): conversions older than this at receipt get no matches,
 /// and visits older than this before a conversion do not match it.
 const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 
