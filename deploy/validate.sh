@@ -9,7 +9,8 @@
 #   synthetic series of alerts.test.yml. promtool is taken out of Debian's prometheus package
 #   without installing the package (which would start a Prometheus server).
 # - systemd units (systemd/): systemd-analyze verify, with the programs' paths pointed at
-#   stubs (it checks that ExecStart= is executable); any warning fails.
+#   stubs (it checks that ExecStart= is executable), the gateway also with its TLS drop-in;
+#   any warning fails.
 #
 # Run by tests/tests/deploy_files.rs; by hand: deploy/validate.sh
 source "$(dirname "$0")/lib.sh"
@@ -74,9 +75,11 @@ check_units() {
     for unit in "$DEPLOY"/systemd/*.service; do
         sed "s#/usr/local/bin/#$dir/bin/#g" "$unit" >"$dir/$(basename "$unit")"
     done
-    # The template is verified through an instance, so that %i is expanded.
+    # The gateway with the TLS drop-in, as one unit (a section given twice is merged).
+    cat "$dir/intake-gateway@.service" "$DEPLOY/systemd/intake-gateway-tls.conf" >"$dir/intake-gateway-tls@.service"
+    # The templates are verified through an instance, so that %i is expanded.
     local status=0
-    output="$(cd "$dir" && systemd-analyze verify --man=no ./intake-gateway@0.service ./intake-writer.service ./intake-migrate.service 2>&1)" || status=$?
+    output="$(cd "$dir" && systemd-analyze verify --man=no ./intake-gateway@0.service ./intake-gateway-tls@0.service ./intake-writer.service ./intake-migrate.service 2>&1)" || status=$?
     rm -rf "$dir"
     if [ "$status" != 0 ] || [ -n "$output" ]; then
         echo "$output" >&2

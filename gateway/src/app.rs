@@ -18,6 +18,7 @@ use crate::context::RequestContext;
 use crate::layers::{Authentication, CheckLayer, QueryString, RequestRateLimit, Routing, WriteAdmission};
 use crate::metrics::{Metrics, ShedReason};
 use crate::ready::Readiness;
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::routes::Route;
 use crate::state::AppState;
@@ -25,7 +26,6 @@ use crate::{conversions, openapi, validate_only, workspace};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use hyper::body::{Body as _, Incoming};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,7 +39,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// The layers below [`handle`]; the catch-panic layer answers with a body type of its own.
 type Inner = BoxCloneService<
-    http::Request<Incoming>,
+    http::Request<RequestBody>,
     http::Response<tower_http::body::UnsyncBoxBody<Bytes, BoxError>>,
     BoxError,
 >;
@@ -62,7 +62,7 @@ fn panicked(_panic: Box<dyn std::any::Any + Send>) -> http::Response<http_body_u
 pub fn api_service(
     state: Arc<AppState>,
     max_requests_in_flight: usize,
-) -> impl tower::Service<http::Request<Incoming>, Response = http::Response<Body>, Error = Infallible, Future: Send>
+) -> impl tower::Service<http::Request<RequestBody>, Response = http::Response<Body>, Error = Infallible, Future: Send>
        + Clone
        + Send
        + 'static {
@@ -89,13 +89,12 @@ pub fn api_service(
     })
 }
 
-async fn handle(metrics: &Metrics, mut request: http::Request<Incoming>, inner: Inner) -> http::Response<Body> {
+async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inner: Inner) -> http::Response<Body> {
     let started = Instant::now();
     let context = RequestContext::default();
     request.extensions_mut().insert(context.clone());
     let method = request.method().clone();
     let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
-    let has_body = !request.body().is_end_stream();
     let outcome = match inner.oneshot(request).await {
         Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
         // Logged with the request id as an internal error; the panic's message is not
@@ -112,12 +111,6 @@ async fn handle(metrics: &Metrics, mut request: http::Request<Incoming>, inner: 
     });
     if let Ok(value) = http::HeaderValue::from_str(&context.id) {
         response.headers_mut().insert("x-request-id", value);
-    }
-    if has_body && !context.was_body_read() {
-        // Answered before its body was read (413, 408, 503, 401 on a write...): hyper closes
-        // the connection after the response, so say so, or a client would reuse it and
-        // lose its next request to the close.
-        response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
     }
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
@@ -138,7 +131,7 @@ async fn handle(metrics: &Metrics, mut request: http::Request<Incoming>, inner: 
 }
 
 /// The route's handler, under the checks of its head.
-async fn endpoint(state: &AppState, request: http::Request<Incoming>) -> Response {
+async fn endpoint(state: &AppState, request: http::Request<RequestBody>) -> Response {
     let context = RequestContext::of(&request);
     let result = match request.extensions().get::<Route>().copied() {
         Some(Route::Workspace) => workspace::get(state, &request).await,
@@ -156,7 +149,7 @@ mod tests;
 
 /// The ops port: liveness, readiness and Prometheus metrics. It serves from the start, before
 /// Kafka is reached, and until the process exits.
-pub async fn handle_ops(readiness: &Readiness, metrics: &Metrics, request: http::Request<Incoming>) -> Response {
+pub async fn handle_ops(readiness: &Readiness, metrics: &Metrics, request: http::Request<RequestBody>) -> Response {
     match request.uri().path() {
         "/healthz" => json(200, &serde_json::json!({ "status": "ok" })),
         "/readyz" => match readiness.status() {

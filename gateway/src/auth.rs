@@ -1,9 +1,9 @@
-//! API key authentication (SPEC section 5, DESIGN section 3). Lookups are cached in a bounded
-//! cache (moka) so that a hot key costs no database round trip, while a revoked key, a suspended
-//! or deleted workspace is refused within the cache's lifetime (2 s by default, under the 5 s the
-//! design allows). Unknown keys are remembered too, for a shorter time, so that a client sending a
-//! wrong key in a loop costs one query per that time. Concurrent misses of one key wait for one
-//! query.
+//! API key authentication (docs/api.md, "Authentication"; docs/architecture.md, "Key cache").
+//! Lookups are cached in a bounded cache (moka) so that a hot key costs no database round trip,
+//! while a revoked key, a suspended or deleted workspace is refused within the cache's lifetime
+//! (2 s by default, under the 5 s the API promises). Unknown keys are remembered too, for a
+//! shorter time, so that a client sending a wrong key in a loop costs one query per that time.
+//! Concurrent misses of one key wait for one query.
 
 use crate::api_error::ApiError;
 use crate::metrics::{CacheLabels, CacheResult, Metrics};

@@ -6,10 +6,10 @@
 //! client trickling a byte at a time is bounded too), else 408 request_timeout.
 
 use crate::api_error::ApiError;
+use crate::request_body::RequestBody;
 use bytes::Bytes;
 use flate2::read::GzDecoder;
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use intake_common::error::ErrorCode;
 use std::io::Read;
 use std::time::Duration;
@@ -19,7 +19,7 @@ pub const BATCH_LIMIT: usize = 1024 * 1024;
 
 pub async fn read_limited(
     headers: &http::HeaderMap,
-    body: Incoming,
+    body: RequestBody,
     limit: usize,
     timeout: Duration,
 ) -> Result<Bytes, ApiError> {

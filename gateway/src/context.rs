@@ -19,7 +19,6 @@ pub struct RequestContext {
 struct Facts {
     principal: OnceLock<(String, String)>,
     items: OnceLock<usize>,
-    body_read: OnceLock<()>,
 }
 
 impl Default for RequestContext {
@@ -44,11 +43,6 @@ impl RequestContext {
         let _ = self.facts.items.set(count);
     }
 
-    /// The request's body has been read to its end.
-    pub fn body_read(&self) {
-        let _ = self.facts.body_read.set(());
-    }
-
     /// (workspace id, key id), empty before authentication.
     pub fn principal(&self) -> (&str, &str) {
         self.facts.principal.get().map_or(("", ""), |(w, k)| (w.as_str(), k.as_str()))
@@ -56,10 +50,6 @@ impl RequestContext {
 
     pub fn item_count(&self) -> usize {
         self.facts.items.get().copied().unwrap_or(0)
-    }
-
-    pub fn was_body_read(&self) -> bool {
-        self.facts.body_read.get().is_some()
     }
 }
 

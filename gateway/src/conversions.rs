@@ -7,10 +7,10 @@ use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
 use crate::context::{self, RequestContext};
 use crate::overload::WorkspaceTicket;
 use crate::ratelimit::Counter;
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::sink::WriteError;
 use crate::state::AppState;
-use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::{Conversion, ValidConversion, Warning};
 use intake_common::error::ErrorCode;
@@ -18,10 +18,10 @@ use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
 use intake_common::validate::{validate_batch, validate_conversion, Json};
 use serde::Serialize;
 
-pub async fn single(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
+pub async fn single(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let (context, principal, ticket) = from_layers(&request)?;
-    let body = read_body(state, &context, request, SINGLE_LIMIT).await?;
+    let body = read_body(state, request, SINGLE_LIMIT).await?;
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
@@ -37,14 +37,14 @@ pub async fn single(state: &AppState, request: http::Request<Incoming>) -> Resul
     Ok(json(status, &Single { conversion: ConversionBody::new(&result, &valid.warnings) }))
 }
 
-pub async fn batch(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
+pub async fn batch(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let (context, principal, ticket) = from_layers(&request)?;
-    let body = read_body(state, &context, request, BATCH_LIMIT).await?;
+    let body = read_body(state, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
-    // Every item counts, valid or not (DESIGN section 4).
+    // Every item counts, valid or not (docs/api.md, "Rate limits").
     state.limiter.check(&principal.key_id, Counter::Conversions, validated.len() as u64).await?;
 
     // The valid conversions move into the chunks; each item keeps its warnings or its error.
@@ -95,7 +95,7 @@ pub async fn batch(state: &AppState, request: http::Request<Incoming>) -> Result
 
 /// What the layers found out about a write: its context, its principal, its admission ticket.
 fn from_layers(
-    request: &http::Request<Incoming>,
+    request: &http::Request<RequestBody>,
 ) -> Result<(RequestContext, Principal, Option<WorkspaceTicket>), ApiError> {
     let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
     Ok((RequestContext::of(request), context::required::<Principal, _>(request)?, ticket))
@@ -103,13 +103,11 @@ fn from_layers(
 
 pub(crate) async fn read_body(
     state: &AppState,
-    context: &RequestContext,
-    request: http::Request<Incoming>,
+    request: http::Request<RequestBody>,
     limit: usize,
 ) -> Result<bytes::Bytes, ApiError> {
     let (parts, body) = request.into_parts();
     let bytes = body::read_limited(&parts.headers, body, limit, state.body_read_timeout).await?;
-    context.body_read();
     Ok(bytes)
 }
 

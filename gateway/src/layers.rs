@@ -1,5 +1,5 @@
 //! The checks a request passes before its endpoint, each a tower layer, stacked in the error
-//! order of docs/api.md ("Error order"):
+//! order of docs/api.md, "Error order":
 //!
 //! 1. [`Routing`]: 404 not_found; the [`Route`] into the request's extensions.
 //! 2. [`Authentication`]: 401, 404 workspace_not_found, 403 workspace_suspended, then 403

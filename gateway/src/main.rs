@@ -15,11 +15,13 @@ mod openapi;
 mod overload;
 mod ratelimit;
 mod ready;
+mod request_body;
 mod response;
 mod routes;
 mod server;
 mod sink;
 mod state;
+mod tls;
 mod validate_only;
 mod workspace;
 mod writes;
@@ -60,7 +62,7 @@ struct Config {
     #[arg(long, env = "INTAKE_CLOCK_SKEW_MARGIN_MS", default_value_t = 1_000)]
     clock_skew_margin_ms: u64,
     /// How long a known key's lookup is cached; revocation, suspension and deletion take effect
-    /// within this time (at most 5 s, DESIGN 3).
+    /// within this time (at most 5 s).
     #[arg(long, env = "INTAKE_AUTH_CACHE_TTL_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=5_000))]
     auth_cache_ttl_ms: u64,
     /// How long an unknown key is remembered as unknown (capped at the known-key time).
@@ -90,16 +92,45 @@ struct Config {
     #[arg(long, env = "INTAKE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
     header_read_timeout_ms: u64,
     /// A request's whole body must have arrived this long after the gateway started reading it;
-    /// else 408 request_timeout and the connection is closed.
+    /// else 408 request_timeout (and on HTTP/1.1 the connection is closed; on HTTP/2 the stream
+    /// ends, the connection goes on).
     #[arg(long, env = "INTAKE_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
-    /// A connection with no new request this long after its last response is closed. At most the
-    /// header read timeout, whose clock also runs between requests.
+    /// A connection with no request in progress this long after its last response is closed
+    /// (HTTP/2: with GOAWAY; one that opened and asked nothing, after the header read timeout).
+    /// At most the header read timeout, whose clock also runs between requests.
     #[arg(long, env = "INTAKE_KEEP_ALIVE_TIMEOUT_MS", default_value_t = 5_000)]
     keep_alive_timeout_ms: u64,
-    /// Open API connections at most; beyond it, new connections wait in the listen backlog.
+    /// Open API connections at most, HTTP/1.1 and HTTP/2 alike; beyond it, new connections wait
+    /// in the listen backlog.
     #[arg(long, env = "INTAKE_MAX_CONNECTIONS", default_value_t = 1_024)]
     max_connections: usize,
+    /// PEM file of the API's TLS certificate chain, leaf first. With --tls-key, the API port
+    /// speaks HTTPS only (HTTP/1.1 and HTTP/2 by ALPN); the files are read again when they
+    /// change. Without, plain HTTP/1.1 and HTTP/2 with prior knowledge (h2c). The ops port is
+    /// always plain HTTP.
+    #[arg(long, env = "INTAKE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM file of the private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "INTAKE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// A TLS handshake must be over this long after the connection was accepted (and within the
+    /// header read timeout); else the connection is closed.
+    #[arg(long, env = "INTAKE_TLS_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
+    tls_handshake_timeout_ms: u64,
+    /// HTTP/2: requests (streams) open at once on one connection at most.
+    #[arg(long, env = "INTAKE_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = 100)]
+    http2_max_concurrent_streams: u32,
+    /// HTTP/2: the size of a request's header list at most, in bytes as RFC 9113 counts it
+    /// (names, values and 32 bytes per field); larger is refused with 431 on its stream.
+    #[arg(long, env = "INTAKE_HTTP2_MAX_HEADER_LIST_SIZE", default_value_t = 16_384)]
+    http2_max_header_list_size: u32,
+    /// HTTP/2: how often the gateway pings each connection; 0 turns pings off.
+    #[arg(long, env = "INTAKE_HTTP2_KEEP_ALIVE_INTERVAL_MS", default_value_t = 20_000)]
+    http2_keep_alive_interval_ms: u64,
+    /// HTTP/2: a connection whose client does not answer a ping within this is closed.
+    #[arg(long, env = "INTAKE_HTTP2_KEEP_ALIVE_TIMEOUT_MS", default_value_t = 10_000)]
+    http2_keep_alive_timeout_ms: u64,
     /// Requests being served at most, on every route; beyond it, 503 service_unavailable.
     #[arg(long, env = "INTAKE_MAX_REQUESTS_IN_FLIGHT", default_value_t = 512)]
     max_requests_in_flight: usize,
@@ -160,6 +191,20 @@ async fn main() -> anyhow::Result<()> {
         keep_alive_timeout: ms(config.keep_alive_timeout_ms),
         max_connections: config.max_connections,
         shutdown_grace: ms(config.shutdown_grace_ms),
+        tls_handshake_timeout: ms(config.tls_handshake_timeout_ms),
+        http2: server::Http2Settings {
+            max_concurrent_streams: config.http2_max_concurrent_streams,
+            max_header_list_size: config.http2_max_header_list_size,
+            keep_alive_interval: (config.http2_keep_alive_interval_ms > 0)
+                .then(|| ms(config.http2_keep_alive_interval_ms)),
+            keep_alive_timeout: ms(config.http2_keep_alive_timeout_ms),
+        },
+    };
+    let shutdown = CancellationToken::new();
+    // Read before anything else, so that a bad certificate stops the start at once.
+    let tls = match (config.tls_cert.clone(), config.tls_key.clone()) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(tls::Files { cert, key }, shutdown.clone())?),
+        _ => None,
     };
     // Both ports are bound at once (a port in use fails the start). The ops port serves first, so
     // that /healthz and /readyz answer while Kafka is being reached, and until the process exits
@@ -173,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
             async move { Ok::<_, Infallible>(app::handle_ops(&readiness, &metrics, request).await) }
         })
     };
-    tokio::spawn(server::serve(ops, ops_service, settings, CancellationToken::new()));
+    tokio::spawn(server::serve(ops, None, ops_service, settings, CancellationToken::new()));
 
     let write_timeout = ms(config.write_timeout_ms);
     let writes = writes::WriteClient::start(
@@ -213,10 +258,10 @@ async fn main() -> anyhow::Result<()> {
         panic_test_route: config.panic_test_route,
     });
 
-    tracing::info!(listen = %config.listen, ops = %config.ops_listen, "gateway listening");
-    let shutdown = CancellationToken::new();
+    tracing::info!(listen = %config.listen, ops = %config.ops_listen, tls = tls.is_some(), "gateway listening");
     let api_server = tokio::spawn(server::serve(
         api,
+        tls,
         app::api_service(state, config.max_requests_in_flight),
         settings,
         shutdown.clone(),

@@ -114,19 +114,19 @@ impl Admission {
 
     pub fn admit_write(&self, workspace_id: &str) -> Result<WritePermit, ApiError> {
         let mut workspaces = lock(&self.workspaces);
-        if let Some(load) = workspaces.get(workspace_id) {
-            if load.behind(self.stall) {
-                return Err(self.refuse(ShedReason::writers_behind, self.stall.as_secs().clamp(1, 60)));
-            }
-            if load.unanswered >= self.per_workspace {
-                return Err(self.refuse(ShedReason::workspace_share, RETRY_AFTER_FULL_SECS));
-            }
+        let load = workspaces.get(workspace_id);
+        if load.is_some_and(|load| load.behind(self.stall)) {
+            return Err(self.refuse(ShedReason::writers_behind, self.stall.as_secs().clamp(1, 60)));
         }
+        // The gateway's cap first, so that a full gateway is reported as such.
         let permit = self
             .writes
             .clone()
             .try_acquire_owned()
             .map_err(|_| self.refuse(ShedReason::writes_in_flight, RETRY_AFTER_FULL_SECS))?;
+        if load.is_some_and(|load| load.unanswered >= self.per_workspace) {
+            return Err(self.refuse(ShedReason::workspace_share, RETRY_AFTER_FULL_SECS));
+        }
         let now = Instant::now();
         let load = workspaces.entry(workspace_id.to_owned()).or_insert(Load {
             unanswered: 0,

@@ -1,4 +1,4 @@
-//! Fixed one-minute windows per API key in Redis (DESIGN section 4). A check is one atomic
+//! Fixed one-minute windows per API key in Redis (docs/architecture.md, "Rate limits"). A check is one atomic
 //! round trip: a Lua script that adds the cost only if it fits under the limit, so a refused
 //! request or write counts nothing. Redis unreachable or slow: the request passes (fail open).
 

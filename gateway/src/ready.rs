@@ -1,4 +1,4 @@
-//! Readiness (DESIGN 10): ready means able to do the work now: PostgreSQL answers, the broker
+//! Readiness (docs/operations.md, "Ops ports"): ready means able to do the work now: PostgreSQL answers, the broker
 //! knows the requests topic, and this gateway's reply partition is assigned and its leader
 //! answers. The checks run in the background every second, so that `/readyz` costs nothing and
 //! a flood of probes cannot load PostgreSQL or Kafka. Not ready from the moment shutdown starts,

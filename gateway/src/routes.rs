@@ -1,4 +1,4 @@
-//! The API's routes (DESIGN 2.1): each under `/v1` and the alias `/api/v1`; everything else,
+//! The API's routes (docs/api.md, "Endpoints"): each under `/v1` and the alias `/api/v1`; everything else,
 //! including a known path with another method, is 404 not_found.
 
 use http::Method;
@@ -8,7 +8,7 @@ pub enum Route {
     Workspace,
     Conversion,
     ConversionBatch,
-    /// Validates a batch and writes nothing (DESIGN 11).
+    /// Validates a batch and writes nothing (docs/api.md, "POST /v1/conversions/validate").
     ConversionValidate,
     OpenApi,
 }

@@ -1,38 +1,62 @@
-//! The HTTP/1.1 server under both ports: hyper connections driving a tower service, with slow
-//! and idle clients bounded.
+//! The HTTP server under both ports: hyper connections, HTTP/1.1 and HTTP/2, over TCP or TLS,
+//! driving a tower service, with slow and idle clients bounded.
 //!
-//! - A connection must deliver a request's head within the header read timeout of being ready
-//!   for it (opened, or its previous response sent): hyper's own header timer.
-//! - A connection with no request for the keep-alive timeout after a response is closed.
-//! - At most `max_connections` are open; beyond that, new connections wait in the kernel's
-//!   listen backlog until one closes (the timeouts bound how long that can take).
-//! - A connection that ends with part of a request unread (a body refused with 413, 408 or 503
-//!   before it was read) is closed in stages, as RFC 9112 section 9.6 asks: the response is
-//!   sent, the write side shut, and what the client still sends is read and dropped for a
-//!   moment, so that the client reads the response instead of a TCP reset.
+//! - The protocol: over TLS, what ALPN agreed (`h2` or `http/1.1`); over TCP (or TLS without
+//!   ALPN), HTTP/2 when the connection opens with HTTP/2's preface (h2c with prior knowledge,
+//!   as a load balancer that ends TLS sends it), else HTTP/1.1.
+//! - A TLS handshake must be over within the handshake timeout of the connection's accept
+//!   (and within the header read timeout).
+//! - An HTTP/1 connection must deliver a request's head within the header read timeout of being
+//!   ready for it (opened, or its previous response sent): hyper's own header timer. The first
+//!   bytes that tell the protocol are bound by the same timeout.
+//! - A connection with no request in progress for the keep-alive timeout after its last
+//!   response is closed (HTTP/2 with GOAWAY); an HTTP/2 connection also when no request came in
+//!   within the header read timeout of its preface. A client that does not take the close (a
+//!   response it does not read, a GOAWAY ping it does not answer) holds it up for at most the
+//!   keep-alive timeout more.
+//! - HTTP/2: at most `max_concurrent_streams` streams at once and `max_header_list_size` bytes
+//!   of headers per request (a larger header list is refused with 431 on its stream); a
+//!   keep-alive ping every `keep_alive_interval`, and a connection whose peer does not answer
+//!   one within `keep_alive_timeout` is closed. The body read deadline is per request, so per
+//!   stream (`body.rs`).
+//! - At most `max_connections` are open, of either protocol; beyond that, new connections wait
+//!   in the kernel's listen backlog until one closes (the timeouts bound how long that can take).
+//! - An HTTP/1 connection that ends with part of a request unread (a body refused with 413 or
+//!   408, or too large to drain, see `request_body.rs`) is closed in stages, as RFC 9112
+//!   section 9.6 asks: the response is sent, the write side shut, and what the client still
+//!   sends is read and dropped for a moment, so that the client reads the response instead of a
+//!   TCP reset. HTTP/2 needs none of this: a refused stream ends alone.
 //! - On shutdown the listener closes, idle connections close, and busy ones finish their
-//!   request (answered with `Connection: close`), for at most the grace period.
+//!   request (answered with `Connection: close`, or GOAWAY), for at most the grace period.
 
+use crate::request_body::RequestBody;
+use bytes::{Buf, Bytes};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceBuilder;
+use tower::ServiceExt;
 
 /// How long a closing connection reads and drops what its client still sends, and how much.
 const LINGER: Duration = Duration::from_secs(2);
 const LINGER_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// After a failed accept (out of file descriptors, say), before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// A timer that does not fire until reset.
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// What an HTTP/2 connection with prior knowledge opens with (RFC 9113 section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
@@ -40,13 +64,28 @@ pub struct Settings {
     pub keep_alive_timeout: Duration,
     pub max_connections: usize,
     pub shutdown_grace: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub http2: Http2Settings,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Http2Settings {
+    pub max_concurrent_streams: u32,
+    pub max_header_list_size: u32,
+    pub keep_alive_interval: Option<Duration>,
+    pub keep_alive_timeout: Duration,
 }
 
 /// Serves connections until `shutdown` is cancelled, then lets open ones finish (up to the grace
-/// period).
-pub async fn serve<S, B>(listener: TcpListener, service: S, settings: Settings, shutdown: CancellationToken)
-where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+/// period). With `tls`, every connection is TLS.
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    service: S,
+    settings: Settings,
+    shutdown: CancellationToken,
+) where
+    S: tower::Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
         + Clone
         + Send
         + Unpin
@@ -58,8 +97,7 @@ where
 {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let connections = TaskTracker::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(settings.header_read_timeout);
+    let protocols = Arc::new(Protocols::new(&settings));
     loop {
         let slot = tokio::select! {
             slot = slots.clone().acquire_owned() => match slot {
@@ -80,14 +118,14 @@ where
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        connections.spawn(connection(
-            http.clone(),
-            stream,
-            service.clone(),
-            settings.keep_alive_timeout,
-            shutdown.clone(),
-            slot,
-        ));
+        let connection = Connection {
+            protocols: protocols.clone(),
+            settings,
+            service: service.clone(),
+            shutdown: shutdown.clone(),
+            _slot: slot,
+        };
+        connections.spawn(connection.run(stream, tls.clone()));
     }
     drop(listener);
     connections.close();
@@ -96,15 +134,45 @@ where
     }
 }
 
-async fn connection<S, B>(
-    http: http1::Builder,
-    stream: TcpStream,
+/// hyper's connection builders, configured once.
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Protocols {
+    fn new(settings: &Settings) -> Protocols {
+        let mut http1 = http1::Builder::new();
+        http1.timer(TokioTimer::new()).header_read_timeout(settings.header_read_timeout);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        let h2 = settings.http2;
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(h2.max_concurrent_streams)
+            .max_header_list_size(h2.max_header_list_size)
+            .keep_alive_interval(h2.keep_alive_interval)
+            .keep_alive_timeout(h2.keep_alive_timeout);
+        Protocols { http1, http2 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+struct Connection<S> {
+    protocols: Arc<Protocols>,
+    settings: Settings,
     service: S,
-    keep_alive_timeout: Duration,
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
-) where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+}
+
+impl<S, B> Connection<S>
+where
+    S: tower::Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
         + Clone
         + Send
         + Unpin
@@ -114,68 +182,194 @@ async fn connection<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (activity, idle) = watch::channel(None);
-    let activity = Arc::new(activity);
-    let service = ServiceBuilder::new()
-        .map_future(move |response| {
-            let busy = Busy::start(activity.clone());
-            Box::pin(async move {
-                let response = response.await;
-                drop(busy);
-                response
-            })
-        })
-        .service(service);
-    let mut connection = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-    let idle_expired = idle_for(idle, keep_alive_timeout);
-    tokio::pin!(idle_expired);
-    let mut closing = false;
-    let done = loop {
-        tokio::select! {
-            done = std::future::poll_fn(|cx| std::pin::Pin::new(&mut connection).poll_without_shutdown(cx)) => break done,
-            () = shutdown.cancelled(), if !closing => {
-                closing = true;
-                std::pin::Pin::new(&mut connection).graceful_shutdown();
+    async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
+        let Some(tls) = tls else {
+            return self.detect_and_serve(stream).await;
+        };
+        // Nor may the handshake take longer than a head would: a silent client is closed as soon
+        // as on a plain port.
+        let deadline = self.settings.tls_handshake_timeout.min(self.settings.header_read_timeout);
+        let stream = match tokio::time::timeout(deadline, tls.accept(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => return tracing::debug!(%error, "TLS handshake failed"),
+            Err(_) => return tracing::debug!("TLS handshake timed out"),
+        };
+        match stream.get_ref().1.alpn_protocol() {
+            Some(crate::tls::ALPN_H2) => self.serve(Protocol::Http2, Prefixed::new(stream, Bytes::new())).await,
+            Some(_) => self.serve(Protocol::Http1, Prefixed::new(stream, Bytes::new())).await,
+            None => self.detect_and_serve(stream).await,
+        }
+    }
+
+    /// Tells HTTP/2 with prior knowledge from HTTP/1 by the first bytes, then serves.
+    async fn detect_and_serve<I>(self, mut io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut first = Vec::with_capacity(H2_PREFACE.len());
+        let read = async {
+            while first.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&first) {
+                let mut chunk = [0u8; 24];
+                let wanted = H2_PREFACE.len() - first.len();
+                match io.read(&mut chunk[..wanted]).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(read) => first.extend_from_slice(&chunk[..read]),
+                }
             }
-            () = &mut idle_expired, if !closing => {
-                closing = true;
-                std::pin::Pin::new(&mut connection).graceful_shutdown();
+            true
+        };
+        let protocol = match tokio::time::timeout(self.settings.header_read_timeout, read).await {
+            Ok(true) if first == H2_PREFACE => Protocol::Http2,
+            Ok(true) => Protocol::Http1,
+            Ok(false) | Err(_) => return,
+        };
+        self.serve(protocol, Prefixed::new(io, Bytes::from(first))).await;
+    }
+
+    async fn serve<I>(self, protocol: Protocol, io: Prefixed<I>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // Before the first request: on HTTP/1 hyper's header timer governs; HTTP/2 has none, so
+        // this connection's own timer counts the header read timeout from now.
+        let initially = match protocol {
+            Protocol::Http1 => Activity::Waiting,
+            Protocol::Http2 => Activity::Opened(Instant::now()),
+        };
+        let (activity, idle) = watch::channel(initially);
+        let activity = Arc::new(activity);
+        let inner = self.service.clone();
+        let http1 = protocol == Protocol::Http1;
+        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            let busy = Busy::start(activity.clone());
+            let (request, fate) = RequestBody::wrap(request, http1);
+            let response = inner.clone().oneshot(request);
+            // Boxed: HTTP/1's poll_without_shutdown wants an Unpin future.
+            Box::pin(async move {
+                let Ok(mut response) = response.await;
+                if http1 && fate.closes_connection() {
+                    // hyper closes the connection after this response: say so, or a client
+                    // would reuse it and lose its next request to the close.
+                    response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                }
+                drop(busy);
+                Ok::<_, Infallible>(response)
+            })
+        });
+        let idle_expired = idle_for(idle, self.settings.keep_alive_timeout, self.settings.header_read_timeout);
+        tokio::pin!(idle_expired);
+        // Closing an idle connection gracefully waits for what is still being sent (and, on
+        // HTTP/2, for the client to acknowledge the GOAWAY's ping); a client that stopped reading
+        // gets the keep-alive timeout once more, then the connection is dropped.
+        let give_up = tokio::time::sleep(NEVER);
+        tokio::pin!(give_up);
+        let give_up_after = self.settings.keep_alive_timeout;
+        let io = TokioIo::new(io);
+        match protocol {
+            Protocol::Http1 => {
+                let mut connection = self.protocols.http1.serve_connection(io, service);
+                let mut closing = false;
+                let done = loop {
+                    tokio::select! {
+                        done = std::future::poll_fn(|cx| Pin::new(&mut connection).poll_without_shutdown(cx)) => break done,
+                        () = self.shutdown.cancelled(), if !closing => {
+                            closing = true;
+                            Pin::new(&mut connection).graceful_shutdown();
+                        }
+                        () = &mut idle_expired, if !closing => {
+                            closing = true;
+                            Pin::new(&mut connection).graceful_shutdown();
+                            give_up.as_mut().reset(Instant::now() + give_up_after);
+                        }
+                        () = &mut give_up => return,
+                    }
+                };
+                match done {
+                    // A client too slow with its head gets no more of the server's time.
+                    Err(error) if error.is_timeout() => {}
+                    Ok(()) | Err(_) => linger_close(connection.into_parts().io.into_inner()).await,
+                }
+            }
+            Protocol::Http2 => {
+                let connection = self.protocols.http2.serve_connection(io, service);
+                tokio::pin!(connection);
+                let mut closing = false;
+                let done = loop {
+                    tokio::select! {
+                        done = &mut connection => break done,
+                        () = self.shutdown.cancelled(), if !closing => {
+                            closing = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
+                        () = &mut idle_expired, if !closing => {
+                            closing = true;
+                            connection.as_mut().graceful_shutdown();
+                            give_up.as_mut().reset(Instant::now() + give_up_after);
+                        }
+                        () = &mut give_up => return,
+                    }
+                };
+                if let Err(error) = done {
+                    tracing::debug!(%error, "HTTP/2 connection ended with an error");
+                }
             }
         }
-    };
-    match done {
-        Ok(()) => linger_close(connection.into_parts().io.into_inner()).await,
-        // A client too slow with its head gets no more of the server's time.
-        Err(error) if error.is_timeout() => {}
-        Err(_) => linger_close(connection.into_parts().io.into_inner()).await,
     }
 }
 
-/// Marks the connection busy while a request is served; idle from the moment it is answered.
-/// hyper 1's HTTP/1 server has a header read timer but no keep-alive idle timeout of its own.
-struct Busy(Arc<watch::Sender<Option<Instant>>>);
+/// What the connection is doing, for the keep-alive timeout.
+#[derive(Debug, Clone, Copy)]
+enum Activity {
+    /// No request yet, and another timer governs this time.
+    Waiting,
+    /// No request yet since then; the header read timeout applies.
+    Opened(Instant),
+    /// Serving this many requests (HTTP/2 streams, or one HTTP/1 request).
+    Busy(usize),
+    /// No request in progress since then.
+    Idle(Instant),
+}
+
+/// Marks the connection busy while a request is served; idle from the moment its last one is
+/// answered. hyper 1 has a header read timer but no keep-alive idle timeout of its own.
+struct Busy(Arc<watch::Sender<Activity>>);
 
 impl Busy {
-    fn start(activity: Arc<watch::Sender<Option<Instant>>>) -> Busy {
-        activity.send_replace(None);
+    fn start(activity: Arc<watch::Sender<Activity>>) -> Busy {
+        activity.send_modify(|now| {
+            *now = match *now {
+                Activity::Busy(requests) => Activity::Busy(requests + 1),
+                Activity::Waiting | Activity::Opened(_) | Activity::Idle(_) => Activity::Busy(1),
+            }
+        });
         Busy(activity)
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.send_replace(Some(Instant::now()));
+        self.0.send_modify(|now| {
+            *now = match *now {
+                Activity::Busy(requests) if requests > 1 => Activity::Busy(requests - 1),
+                _ => Activity::Idle(Instant::now()),
+            }
+        });
     }
 }
 
-/// Resolves once the connection has been idle (answered its last request, not started another)
-/// for `limit`. Before the first request, hyper's header read timeout governs alone.
-async fn idle_for(mut activity: watch::Receiver<Option<Instant>>, limit: Duration) {
+/// Resolves once the connection has been idle (no request in progress) for `keep_alive` after a
+/// response, or for `first_request` after it opened without a request.
+async fn idle_for(mut activity: watch::Receiver<Activity>, keep_alive: Duration, first_request: Duration) {
     loop {
-        let idle_since = *activity.borrow_and_update();
-        let changed = match idle_since {
-            Some(since) => tokio::select! {
-                () = tokio::time::sleep_until(since + limit) => return,
+        let now = *activity.borrow_and_update();
+        let expires = match now {
+            Activity::Idle(since) => Some(since + keep_alive),
+            Activity::Opened(since) => Some(since + first_request),
+            Activity::Waiting | Activity::Busy(_) => None,
+        };
+        let changed = match expires {
+            Some(at) => tokio::select! {
+                () = tokio::time::sleep_until(at) => return,
                 changed = activity.changed() => changed,
             },
             None => activity.changed().await,
@@ -190,7 +384,7 @@ async fn idle_for(mut activity: watch::Receiver<Option<Instant>>, limit: Duratio
 /// client still sends until it closes, for a bounded time and amount, then close. Closing at
 /// once with unread data would send a TCP reset that can destroy the response in the client's
 /// receive buffer before it is read.
-async fn linger_close(mut stream: TcpStream) {
+async fn linger_close<I: AsyncRead + AsyncWrite + Unpin>(mut stream: I) {
     if stream.shutdown().await.is_err() {
         return;
     }
@@ -205,4 +399,86 @@ async fn linger_close(mut stream: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// A connection with the bytes read to tell its protocol put back in front. Hand-written:
+/// hyper-util's automatic HTTP/1-or-2 connection does the same internally, but does not hand its
+/// connection back at the end, which the lingering close of HTTP/1 needs.
+struct Prefixed<I> {
+    prefix: Bytes,
+    io: I,
+}
+
+impl<I> Prefixed<I> {
+    fn new(io: I, prefix: Bytes) -> Self {
+        Prefixed { prefix, io }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.prefix.has_remaining() {
+            let count = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..count]);
+            self.prefix.advance(count);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Prefixed<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_prefix_is_read_before_the_rest() {
+        let rest: &[u8] = b" world";
+        let mut prefixed = Prefixed::new(rest, Bytes::from_static(b"hello"));
+        let mut all = String::new();
+        let _ = prefixed.read_to_string(&mut all).await;
+        assert_eq!(all, "hello world");
+    }
+
+    #[tokio::test]
+    async fn idle_counts_from_the_last_of_concurrent_requests() {
+        let limit = Duration::from_millis(300);
+        let (sender, receiver) = watch::channel(Activity::Idle(Instant::now()));
+        let sender = Arc::new(sender);
+        let (first, second) = (Busy::start(sender.clone()), Busy::start(sender.clone()));
+        let idle = tokio::spawn(idle_for(receiver, limit, limit * 10));
+        drop(first);
+        tokio::time::sleep(limit * 2).await;
+        assert!(!idle.is_finished(), "a request is still in progress");
+        drop(second);
+        let ended = Instant::now();
+        let _ = idle.await;
+        assert!(ended.elapsed() >= limit, "idle for the limit after the last response");
+    }
 }

@@ -28,7 +28,7 @@ pub enum WriteError {
 /// Writes a request's chunks and answers with each item's result, chunk by chunk, in order.
 pub trait WriteSink: Send + Sync {
     /// All the chunks of one request, within one deadline counted from `started` (when the
-    /// request arrived). On an error, earlier chunks may be committed (docs/api.md, "Batch").
+    /// request arrived). On an error, earlier chunks may be committed (docs/api.md, "POST /v1/conversions/batch").
     /// The `ticket` counts each chunk against its workspace's admission until it is answered.
     fn write<'a>(
         &'a self,

@@ -1,24 +1,24 @@
-//! POST /v1/conversions/validate (DESIGN 11): the batch endpoint's envelope, limits and error
-//! order, less the conversion limit; every item validated, normalized and hashed, nothing
-//! written (no Kafka message, no conversion counted). The answer says per item what a batch
-//! send would do with it: its warnings, or its error.
+//! POST /v1/conversions/validate (docs/api.md, "POST /v1/conversions/validate"): the batch
+//! endpoint's envelope, limits and error order, less the conversion limit; every item validated,
+//! normalized and hashed, nothing written (no Kafka message, no conversion counted). The answer
+//! says per item what a batch send would do with it: its warnings, or its error.
 
 use crate::api_error::ApiError;
 use crate::body::BATCH_LIMIT;
 use crate::context::RequestContext;
 use crate::conversions::{parse, read_body};
+use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::state::AppState;
-use hyper::body::Incoming;
 use intake_common::config::now_ms;
 use intake_common::conversion::Warning;
 use intake_common::validate::validate_batch;
 use serde::Serialize;
 
-pub async fn batch(state: &AppState, request: http::Request<Incoming>) -> Result<Response, ApiError> {
+pub async fn batch(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
     let context = RequestContext::of(&request);
-    let body = read_body(state, &context, request, BATCH_LIMIT).await?;
+    let body = read_body(state, request, BATCH_LIMIT).await?;
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());

@@ -104,7 +104,7 @@ impl WriteClient {
     /// request. The chunks are queued at once, in order: the producer keeps one request in flight
     /// per broker (common/src/kafka.rs), so chunks of one partition keep their order through
     /// retries, and a batch costs one round trip instead of one per chunk. On an error, earlier chunks may be committed
-    /// (SPEC 4.3).
+    /// (docs/api.md, "POST /v1/conversions/batch").
     async fn request_reply(
         &self,
         request_id: &str,

@@ -1,4 +1,4 @@
-//! The error codes of SPEC section 7. A code never changes meaning; this is the only place
+//! The error codes of docs/api.md, "Error codes". A code never changes meaning; this is the only place
 //! where a code is tied to its HTTP status.
 
 use serde::{Deserialize, Serialize};
@@ -20,10 +20,10 @@ pub enum ErrorCode {
     OccurredAtOutOfRange,
     RateLimited,
     InternalError,
-    /// Additive (SPEC section 9): the request body did not arrive within the body read timeout.
+    /// Additive (docs/api.md, "Versioning"): the request body did not arrive within the body read timeout.
     RequestTimeout,
-    /// Additive (SPEC section 9): the gateway is overloaded and refuses the request before
-    /// reading its body (DESIGN 2.6); retry after Retry-After seconds.
+    /// Additive (docs/api.md, "Versioning"): the gateway is overloaded and refuses the request before
+    /// reading its body (docs/architecture.md, "Admission"); retry after Retry-After seconds.
     ServiceUnavailable,
 }
 

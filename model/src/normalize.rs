@@ -1,4 +1,4 @@
-//! Normalization and SHA-256 hashing of email, phone and address (DESIGN section 5).
+//! Normalization and SHA-256 hashing of email, phone and address (docs/normalization.md).
 //! The `*_hash` functions take the raw text and return only the hash, or `None` when the
 //! identifier cannot be used; the raw text goes no further than this module. The `normalized_*`
 //! functions return the text that is hashed, for the published test vectors and their tests
@@ -67,9 +67,10 @@ pub fn normalized_phone(raw: &str, country: Option<&str>) -> Option<String> {
     Some(format!("+{}{national}", number.country().code()))
 }
 
-/// libphonenumber's "possible number" (what DESIGN asks): the national number has a length that
-/// numbers of its calling code have. Written here because the crate exposes only full validity,
-/// which matches every number-type pattern and costs more than the parse itself.
+/// libphonenumber's "possible number" (docs/api.md, "Identifiers that cannot be used"): the
+/// national number has a length that numbers of its calling code have. Written here because the
+/// crate exposes only full validity, which matches every number-type pattern and costs more than
+/// the parse itself.
 fn is_possible(number: &phonenumber::PhoneNumber, national_length: usize) -> bool {
     use phonenumber::Type;
     // The general descriptor often lists no lengths in the crate's metadata: the possible

@@ -1,5 +1,5 @@
-//! Raw JSON to a [`ValidConversion`], or the complete list of problems (SPEC 2.1 and 2.2,
-//! DESIGN section 5). Every bad field is reported at once; no message contains a sent value.
+//! Raw JSON to a [`ValidConversion`], or the complete list of problems (docs/api.md,
+//! "Conversion fields"). Every bad field is reported at once; no message contains a sent value.
 //!
 //! The walk over the body's [`Json`] is written by hand rather than with
 //! `#[serde(deny_unknown_fields)]` because serde stops at the first error, and the contract

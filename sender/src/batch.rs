@@ -1,4 +1,4 @@
-//! Rows grouped into batch requests within the endpoint's limits (SPEC 4.3, 8): at most
+//! Rows grouped into batch requests within the endpoint's limits (docs/api.md, "Limits"): at most
 //! `max_items` items and a body of at most 1 MiB.
 
 use crate::row::{Original, RowError};

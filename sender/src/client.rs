@@ -2,7 +2,7 @@
 //! `Retry-After` on 429 and 503 (every sender pauses, not only the one refused), retries other
 //! 5xx and connection errors with exponential backoff and jitter, up to `max_retries` times.
 //! Re-sending a batch is safe: matching on event + external_id turns items already written into
-//! updates (SPEC 4.3).
+//! updates (docs/api.md, "Client guidance").
 
 use crate::row::RowError;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};

@@ -73,6 +73,10 @@ pub struct StackOptions {
     pub writer_args: Vec<String>,
     /// Gateways started with the stack, each reading a reply partition of its own.
     pub gateways: usize,
+    /// Certificate and key files (PEM): the API speaks HTTPS and the base URLs are
+    /// `https://localhost:PORT`; `Stack::http` does not trust the certificate, the test's own
+    /// client does.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for StackOptions {
@@ -92,6 +96,7 @@ impl Default for StackOptions {
             gateway_args: Vec::new(),
             writer_args: Vec::new(),
             gateways: 1,
+            tls: None,
         }
     }
 }
@@ -122,8 +127,13 @@ impl Stack {
         let log_dir = std::env::temp_dir().join("intake-tests").join(&topic_prefix);
         std::fs::create_dir_all(&log_dir).unwrap_or_else(|e| panic!("log dir: {e}"));
         let (port, ops_port) = (free_port(), free_port());
+        let https = options.tls.is_some();
+        let api_url = move |port: u16| match https {
+            true => format!("https://localhost:{port}"),
+            false => format!("http://127.0.0.1:{port}"),
+        };
         let mut stack = Stack {
-            base_url: format!("http://127.0.0.1:{port}"),
+            base_url: api_url(port),
             ops_url: format!("http://127.0.0.1:{ops_port}"),
             // Idle connections are dropped before the gateway's keep-alive timeout (5 s) closes
             // them: reusing one just as the server closes it fails the request (IncompleteMessage).
@@ -162,7 +172,7 @@ impl Stack {
             let (port, ops_port) = (free_port(), free_port());
             let reply_partition = i32::try_from(index + 1).unwrap_or(i32::MAX);
             stack.more_gateways.push(stack.spawn_gateway(port, ops_port, reply_partition));
-            stack.more_base_urls.push(format!("http://127.0.0.1:{port}"));
+            stack.more_base_urls.push(api_url(port));
             more_ops_urls.push(format!("http://127.0.0.1:{ops_port}"));
         }
         if stack.options.start_writer {
@@ -224,6 +234,9 @@ impl Stack {
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
         }
+        if let Some((cert, key)) = &options.tls {
+            command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
         command.args(&options.gateway_args);
         command
     }
@@ -284,6 +297,11 @@ impl Stack {
         crc32fast::hash(workspace_id.as_bytes()) % self.options.request_partitions
     }
 
+    /// The stack's requests topic has `count` partitions now (after `topics` grew it).
+    pub fn set_request_partitions(&mut self, count: u32) {
+        self.options.request_partitions = count;
+    }
+
     /// Workspaces until every request partition has at least one.
     pub fn workspaces_on_every_partition(&self) -> Vec<TestKey> {
         let mut keys: Vec<TestKey> = Vec::new();
@@ -303,6 +321,16 @@ impl Stack {
         let mut gateway =
             std::mem::replace(&mut self.gateway, Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")));
         std::thread::spawn(move || gateway.wait().ok())
+    }
+
+    /// Stops the gateway and starts it again on the same ports (a new producer, with the
+    /// topics' metadata as they are now); returns once it is ready.
+    pub async fn restart_gateway(&mut self) {
+        let _ = self.terminate_gateway().join();
+        let port = self.base_url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let ops_port = self.ops_url.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        self.gateway = self.spawn_gateway(port, ops_port, 1);
+        self.wait_ready(&self.ops_url).await;
     }
 
     /// Process ids of the gateways and of the writers (for the benchmark's CPU and memory).

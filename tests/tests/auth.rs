@@ -1,4 +1,4 @@
-//! Authentication (SPEC section 5, DESIGN section 3) through the real HTTP interface.
+//! Authentication (docs/api.md, "Authentication") through the real HTTP interface.
 
 use intake_tests::serde_json::json;
 use intake_tests::{conversion, Reply, Stack};

@@ -1,4 +1,4 @@
-//! POST /v1/conversions/batch (SPEC 4.3, DESIGN 2.3).
+//! POST /v1/conversions/batch (docs/api.md, "POST /v1/conversions/batch").
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, own_database, topic_contents, Stack, StackOptions};

@@ -1,4 +1,4 @@
-//! Journeys linked through parent_external_id in any arrival order (DESIGN section 7).
+//! Journeys linked through parent_external_id in any arrival order (docs/api.md, "Chains").
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{database, Stack};

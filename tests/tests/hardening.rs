@@ -1,7 +1,8 @@
-//! The gateway under bad clients and overload (issue 9, DESIGN 2.6), and what it tells its
-//! operator (issue 12: metrics, readiness, log lines): a panic is a 500 with its request id,
-//! slow and idle clients are cut off while well-behaved ones are served, overload is refused
-//! with 503 before the body is read, a write has one deadline, and an unknown key costs one query.
+//! The gateway under bad clients and overload (docs/architecture.md, "Admission"), and what it
+//! tells its operator (docs/operations.md, "Metrics"; readiness, log lines): a panic is a 500
+//! with its request id, slow and idle clients are cut off while well-behaved ones are served,
+//! overload is refused with 503 before the body is read, a write has one deadline, and an
+//! unknown key costs one query.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, free_port, join_all, Stack, StackOptions};
@@ -318,7 +319,8 @@ async fn requests_beyond_the_cap_in_flight_get_503_at_once() {
 async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
     let mut stack = Stack::start_with(StackOptions {
         start_writer: false,
-        gateway_args: args(&["--max-writes-in-flight", "3"]),
+        // One workspace may take the whole cap here: this is the gateway-wide cap.
+        gateway_args: args(&["--max-writes-in-flight", "3", "--workspace-write-share-percent", "100"]),
         ..Default::default()
     })
     .await;

@@ -152,11 +152,24 @@ fn neighbours(stack: &Stack, held: &TestKey, count: usize) -> (Vec<TestKey>, Vec
     (same, other)
 }
 
+/// Served and p99 of a set of neighbours' sends.
+fn figures(sends: &[(u16, Duration)]) -> (usize, usize, Duration) {
+    let ok = sends.iter().filter(|(status, _)| *status == 201).count();
+    let mut latencies: Vec<Duration> = sends.iter().map(|(_, latency)| *latency).collect();
+    latencies.sort();
+    let p99 = latencies.get(latencies.len() * 99 / 100).copied().unwrap_or_default();
+    (ok, sends.len(), p99)
+}
+
+/// `INTAKE_TEST_HOLD_SECS` (default 8) sets how long the workspace is held; the closing
+/// figures of the isolation work come from a 30 s run on release binaries.
 #[tokio::test]
 async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
+    let hold =
+        Duration::from_secs(std::env::var("INTAKE_TEST_HOLD_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8));
     let stack = Stack::start_with(StackOptions { write_timeout_ms: 5_000, ..Default::default() }).await;
     let held = stack.workspace();
-    let (same, other) = neighbours(&stack, &held, 2);
+    let (same, other) = neighbours(&stack, &held, 3);
     let db = database().await;
     // Another session holds the workspace's apply lock, as a long erasure would.
     let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
@@ -166,23 +179,25 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 
-    // The held workspace keeps sending 500-item batches meanwhile.
-    let client = stack.client();
-    let held_key = held.clone();
-    let flooding = tokio::spawn(async move {
-        let started = Instant::now();
-        let mut statuses = Vec::new();
-        while started.elapsed() < Duration::from_secs(8) {
-            let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
-            statuses.push(client.post("/v1/conversions/batch", &held_key, &batch(items)).await.status);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        statuses
-    });
-    let mut latencies = Vec::new();
-    let mut statuses = Vec::new();
+    // The held workspace keeps sending 500-item batches meanwhile, four clients at once.
+    let flooding: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, key) = (stack.client(), held.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let mut statuses = Vec::new();
+                while started.elapsed() < hold {
+                    let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
+                    statuses.push(client.post("/v1/conversions/batch", &key, &batch(items)).await.status);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let (mut on_same, mut on_other) = (Vec::new(), Vec::new());
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(8) {
+    while started.elapsed() < hold {
         let sends = same.iter().chain(&other).map(|key| {
             let client = stack.client();
             let key = key.clone();
@@ -192,18 +207,23 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
                 (status, sent.elapsed())
             }
         });
-        for (status, latency) in join_all(sends).await {
-            statuses.push(status);
-            latencies.push(latency);
-        }
+        let results = join_all(sends).await;
+        on_same.extend_from_slice(&results[..same.len()]);
+        on_other.extend_from_slice(&results[same.len()..]);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let held_statuses = flooding.await.unwrap_or_default();
-    let ok = statuses.iter().filter(|s| **s == 201).count();
-    latencies.sort();
-    let p99 = latencies[latencies.len() * 99 / 100];
-    assert!(ok * 100 >= statuses.len() * 99, "neighbours served: {ok} of {}", statuses.len());
-    // Generous for a loaded 2-core CI machine; the benchmark measures it properly.
+    let mut held_statuses = Vec::new();
+    for task in flooding {
+        held_statuses.extend(task.await.unwrap_or_default());
+    }
+    let all: Vec<(u16, Duration)> = on_same.iter().chain(&on_other).copied().collect();
+    let ((ok, sent, p99), same_figures, other_figures) = (figures(&all), figures(&on_same), figures(&on_other));
+    eprintln!(
+        "held {hold:?}: neighbours {ok}/{sent} 2xx, p99 {p99:?}; same partition {same_figures:?}; \
+         other partitions {other_figures:?}; held workspace's answers {held_statuses:?}"
+    );
+    assert!(ok * 100 >= sent * 99, "neighbours served: {ok} of {sent}");
+    // Generous for a loaded 2-core CI machine; the closing figures are measured on release.
     assert!(p99 < Duration::from_secs(1), "neighbours' p99 {p99:?}");
     assert!(!held_statuses.contains(&200), "the held workspace wrote nothing while held: {held_statuses:?}");
     assert!(held_statuses.contains(&503), "the held workspace is refused alone: {held_statuses:?}");
@@ -223,6 +243,7 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
         assert!(released.elapsed() < Duration::from_secs(30), "still refused: {} {}", reply.status, reply.body);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    eprintln!("the held workspace wrote again {:?} after the release", released.elapsed());
 }
 
 #[tokio::test]

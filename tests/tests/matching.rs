@@ -1,4 +1,5 @@
-//! Matching to visits at write time, and the operator's erasure of a person (DESIGN section 8).
+//! Matching to visits at write time, and the operator's erasure of a person (docs/api.md,
+//! "Matching to visits"; docs/api.md, "Erasure").
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{database, now_ms, Stack};

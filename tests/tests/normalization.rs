@@ -1,4 +1,4 @@
-//! Input hardening over HTTP (issue 9, DESIGN section 5): text of other scripts and control
+//! Input hardening over HTTP (docs/api.md, "Identifiers that cannot be used"): text of other scripts and control
 //! characters, phones of an unknown country, `value` kept exactly as a JSON number, and
 //! `details` capped. Bodies are sent as raw text so that numbers arrive exactly as written.
 

@@ -1,4 +1,4 @@
-//! The operator commands of DESIGN section 9 that the other tests do not already cover.
+//! The operator commands of docs/operations.md, "Operator commands" that the other tests do not already cover.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, Stack};

@@ -1,6 +1,7 @@
-//! Pre-hashed identifiers (DESIGN 11): `email_sha256`, `phone_sha256` and `address_sha256` are
-//! stored where the gateway's own hashes go, so a re-send, `unchanged` and erasure treat them
-//! alike; the raw and hashed form of one identifier together are refused at the hashed path.
+//! Pre-hashed identifiers (docs/api.md, "Pre-hashed identifiers"): `email_sha256`, `phone_sha256`
+//! and `address_sha256` are stored where the gateway's own hashes go, so a re-send, `unchanged` and
+//! erasure treat them alike; the raw and hashed form of one identifier together are refused at the
+//! hashed path.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, Stack, TestKey};
@@ -72,7 +73,7 @@ async fn the_hashes_of_the_normalized_identifiers_are_the_same_conversion_unchan
     let stored = stored_hashes(&key, &raw["external_id"]).await;
     assert_eq!(stored[0].as_deref(), Some(other.as_str()));
 
-    // Omitted, null or "" keeps the stored hash (SPEC 2.1).
+    // Omitted, null or "" keeps the stored hash (docs/api.md, "Omitted, null and empty").
     let mut not_sent = raw.clone();
     for field in ["email", "phone", "address"] {
         not_sent.as_object_mut().map(|object| object.remove(field));

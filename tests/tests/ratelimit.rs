@@ -1,4 +1,4 @@
-//! Fixed one-minute windows in Redis (DESIGN section 4), against a real Redis.
+//! Fixed one-minute windows in Redis (docs/api.md, "Rate limits"), against a real Redis.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, join_all, Reply, Stack, StackOptions};

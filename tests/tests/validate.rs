@@ -1,5 +1,6 @@
-//! POST /v1/conversions/validate (DESIGN 11): the batch endpoint's envelope, limits and error
-//! order less the conversion limit; every item validated and normalized, nothing written.
+//! POST /v1/conversions/validate (docs/api.md, "POST /v1/conversions/validate"): the batch
+//! endpoint's envelope, limits and error order less the conversion limit; every item validated and
+//! normalized, nothing written.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, raw_http, topic_contents, Reply, Stack, StackOptions, TestKey};

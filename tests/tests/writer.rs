@@ -1,4 +1,4 @@
-//! The writer's failure handling (DESIGN 2.5): no single message can stop a writer; what
+//! The writer's failure handling (docs/architecture.md, "Failure classes"): no single message can stop a writer; what
 //! retrying cannot cure is answered, dead-lettered with its reasons, and skipped.
 
 use intake_tests::serde_json::json;

@@ -1,4 +1,4 @@
-//! Operator commands on workspaces and keys (DESIGN section 9). Each returns the JSON object
+//! Operator commands on workspaces and keys (docs/operations.md, "Operator commands"). Each returns the JSON object
 //! the command prints.
 
 use anyhow::{bail, Context};

@@ -1,4 +1,4 @@
-//! Erasure of one person's data (DESIGN section 8): their visits and matches are deleted, the
+//! Erasure of one person's data (docs/api.md, "Erasure"): their visits and matches are deleted, the
 //! identifiers on their conversions cleared; the conversions stay, so counts stay. The
 //! identifier is normalized and hashed exactly as on receipt, and never stored or logged.
 
@@ -104,7 +104,7 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
             .bind(&value)
             .fetch_all(&mut *tx)
             .await?;
-    // ...and, one step out, those that carry any identifier found on them (DESIGN 8).
+    // ...and, one step out, those that carry any identifier found on them (docs/architecture.md, "Privacy").
     let found = Identifiers::of(&direct);
     let people: Vec<Person> = sqlx::query_as(&format!(
         "SELECT {PERSON_COLUMNS} FROM conversions
@@ -166,7 +166,7 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
 }
 
 /// The identifier's value: the first line of `file`, or of standard input. Never an argument:
-/// argv is visible to every user of the machine (DESIGN 8).
+/// argv is visible to every user of the machine (docs/architecture.md, "Privacy").
 pub fn read_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
     use std::io::BufRead;
     let mut line = String::new();

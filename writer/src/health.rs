@@ -1,6 +1,6 @@
 //! What the writer knows of its own health: the partitions it holds, their lag (from
 //! librdkafka's statistics), when each last made progress, and whether it is shutting down.
-//! `/readyz` and `/healthz` on the ops port answer from here (DESIGN 10).
+//! `/readyz` and `/healthz` on the ops port answer from here (docs/operations.md, "Ops ports").
 
 use crate::metrics::{self, Metrics};
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};

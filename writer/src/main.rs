@@ -13,6 +13,7 @@ mod health;
 mod metrics;
 mod ops;
 mod outbox;
+mod partitions;
 mod plan;
 mod read;
 mod replay;
@@ -95,10 +96,19 @@ enum Command {
         #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
         shutdown_timeout_ms: u64,
     },
-    /// Creates the requests, replies and dead-letter topics (existing ones are left alone).
+    /// Creates the requests, replies and dead-letter topics. An existing requests topic with
+    /// fewer partitions than --request-partitions is grown, only when that cannot reorder a
+    /// workspace's messages: the writers' group has applied everything and nothing was written
+    /// for --quiet-ms (deploy/RUNBOOK.md, "More partitions").
     Topics {
         #[command(flatten)]
         kafka: KafkaArgs,
+        /// The writers' consumer group, whose progress a growth of the requests topic checks.
+        #[arg(long, env = "INTAKE_WRITER_GROUP", default_value = "intake-writer")]
+        group_id: String,
+        /// How long the requests topic must stay unwritten before it is grown.
+        #[arg(long, default_value_t = 5_000)]
+        quiet_ms: u64,
         #[arg(long, env = "INTAKE_REQUEST_PARTITIONS", default_value_t = 8)]
         request_partitions: i32,
         /// One per gateway instance.
@@ -261,7 +271,7 @@ async fn main() {
     let cli = Cli::parse();
     init_logging(&cli.log);
     // An explicit exit: a blocking task still waiting for an unreachable broker at shutdown
-    // must not hold the process (the writer's shutdown is bounded, DESIGN 10).
+    // must not hold the process (the writer's shutdown is bounded, docs/operations.md, "Shutdown").
     match execute(cli.command).await {
         Ok(output) => {
             println!("{output}");
@@ -331,6 +341,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
         }
         Command::Topics {
             kafka,
+            group_id,
+            quiet_ms,
             request_partitions,
             reply_partitions,
             replication,
@@ -344,7 +356,17 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 min_insync_replicas,
                 retention_ms,
             };
-            topics::create_topics(&kafka, &counts).await
+            let mut output = topics::create_topics(&kafka, &counts).await?;
+            let growth = partitions::Growth {
+                kafka: &kafka,
+                group_id: &group_id,
+                partitions: request_partitions,
+                quiet: Duration::from_millis(quiet_ms),
+            };
+            if let Some(grown) = partitions::grow_requests_topic(growth).await? {
+                output["grown"] = grown;
+            }
+            Ok(output)
         }
         Command::Dlq { command: DlqCommand::Inspect { limit }, kafka } => {
             tokio::task::block_in_place(|| dlq::inspect(&kafka, limit))
@@ -369,7 +391,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             }
         }
         Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database } => {
-            let pool = store::connect(&database.url, 2).await?;
+            let pool = store::connect_with(&database.url, 2, store::OPERATOR_TIMEOUTS).await?;
             let start = match (partition, from_offset, from_time) {
                 (Some(partition), Some(from), _) => replay::Start::Offsets { partition, from, to: to_offset },
                 (_, _, Some(time)) => {
@@ -397,7 +419,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 EraseKind { visitor_id: true, .. } => erase::Identifier::VisitorId(value),
                 _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
             };
-            let pool = store::connect(&database.url, 1).await?;
+            let pool = store::connect_with(&database.url, 1, store::OPERATOR_TIMEOUTS).await?;
             erase::erase(&pool, &workspace, identifier).await
         }
         Command::Key { command, database } => {

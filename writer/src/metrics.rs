@@ -44,7 +44,7 @@ pub struct Metrics {
     pub assigned_partitions: Gauge,
     pub group_members: Gauge,
     /// 1 while the writer holds partitions with lag and has made no progress for the stall
-    /// timeout (DESIGN 10: an orchestrator restarts it).
+    /// timeout (docs/operations.md, "Ops ports": an orchestrator restarts it).
     pub stalled: Gauge,
     /// Messages answered: applied (first time), already_applied (redelivery), failed.
     pub messages: Family<Outcome, Counter>,

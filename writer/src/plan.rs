@@ -1,7 +1,7 @@
 //! What one chunk does to the stored conversions, computed without touching the database:
 //! the merge of each item into its stored state, created/updated/unchanged, and the chain rules
-//! of DESIGN section 7. The store fetches the related rows, calls [`plan_chunk`], and writes the
-//! plan with a fixed number of statements.
+//! of docs/api.md, "Chains". The store fetches the related rows, calls [`plan_chunk`], and writes
+//! the plan with a fixed number of statements.
 
 use intake_common::conversion::Conversion;
 use intake_common::ids;
@@ -27,7 +27,8 @@ pub struct Fields {
 }
 
 impl Fields {
-    /// What visit matching reads (DESIGN 8): matches are recomputed only when one of these changes.
+    /// What visit matching reads (docs/api.md, "Matching to visits"): matches are recomputed only
+    /// when one of these changes.
     fn matching_inputs(&self) -> (&Option<String>, &Option<String>, &Option<String>, i64) {
         (&self.visitor_id, &self.click_id, &self.contact_id, self.occurred_at_ms)
     }

@@ -1,8 +1,8 @@
-//! The writer's one retry policy (DESIGN 2.5). A failure is either an outage (PostgreSQL or
-//! Kafka unreachable, a read-only primary during a failover), retried with backoff for as long
-//! as it lasts, or anything else (a bug, data a constraint refuses, a reply partition that does
-//! not exist, a statement that always times out), retried a bounded number of times and then
-//! given up on, so that no single message can stop a writer.
+//! The writer's one retry policy (docs/architecture.md, "Failure classes"). A failure is either an
+//! outage (PostgreSQL or Kafka unreachable, a read-only primary during a failover), retried with
+//! backoff for as long as it lasts, or anything else (a bug, data a constraint refuses, a reply
+//! partition that does not exist, a statement that always times out), retried a bounded number of
+//! times and then given up on, so that no single message can stop a writer.
 
 use crate::metrics::Metrics;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

@@ -27,13 +27,31 @@ pub struct Timeouts {
     pub lock: Duration,
 }
 
+/// What the operator commands that rewrite data (erasure, replay) allow a statement: longer
+/// than a chunk's, since an erasure in a large workspace or a replay of many messages may
+/// wait behind the writers' locks and touch many rows.
+pub const OPERATOR_TIMEOUTS: Timeouts = Timeouts { statement: Duration::from_secs(600), lock: Duration::from_secs(60) };
+
+/// A pool for an operator command, with `timeouts` on every connection.
+pub async fn connect_with(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(with_timeouts(PgConnectOptions::from_str(url)?, timeouts))
+        .await
+}
+
+fn with_timeouts(options: PgConnectOptions, timeouts: Timeouts) -> PgConnectOptions {
+    options.options([
+        ("statement_timeout", timeouts.statement.as_millis().to_string()),
+        ("lock_timeout", timeouts.lock.as_millis().to_string()),
+    ])
+}
+
 /// A pool that connects when first used, so that a writer can start while PostgreSQL is away;
 /// every connection carries `timeouts`.
 pub fn connect_lazy(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
-    let options = PgConnectOptions::from_str(url)?.options([
-        ("statement_timeout", timeouts.statement.as_millis().to_string()),
-        ("lock_timeout", timeouts.lock.as_millis().to_string()),
-    ]);
+    let options = with_timeouts(PgConnectOptions::from_str(url)?, timeouts);
     Ok(PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
@@ -385,7 +403,7 @@ async fn upsert_conversions(
     Ok(())
 }
 
-/// Matching window (DESIGN section 8): conversions older than this at receipt get no matches,
+/// Matching window (docs/api.md, "Matching to visits"): conversions older than this at receipt get no matches,
 /// and visits older than this before a conversion do not match it.
 const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 

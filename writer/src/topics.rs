@@ -16,7 +16,7 @@ pub struct TopicCounts {
     /// In-sync replicas an `acks=all` write needs; default 2 at replication 3 or more, so an
     /// acknowledged write survives the loss of one broker and writes go on while one is down.
     pub min_insync_replicas: Option<i32>,
-    /// Short, so that erased data does not outlive an erasure in Kafka (DESIGN section 8).
+    /// Short, so that erased data does not outlive an erasure in Kafka (docs/architecture.md, "Retention").
     pub retention_ms: i64,
 }
 

@@ -1,4 +1,4 @@
-// Errors thrown by the client: the API's error object (SPEC 2.5), or a request that could not
+// Errors thrown by the client: the API's error object (docs/api.md, "Errors"), or a request that could not
 // be completed at all.
 /** Base class of every error this library throws. */
 export class IntakeError extends Error {

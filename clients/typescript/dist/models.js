@@ -1,4 +1,4 @@
-// The API's shapes (SPEC 2, DESIGN 11). A test holds the field lists at the end of this file to
+// The API's shapes (docs/api.md, "Conversion fields"). A test holds the field lists at the end of this file to
 // the OpenAPI document the gateway serves; the compiler holds them to the types.
 const conversionInput = {
     event: true,

@@ -1,4 +1,4 @@
-// Errors thrown by the client: the API's error object (SPEC 2.5), or a request that could not
+// Errors thrown by the client: the API's error object (docs/api.md, "Errors"), or a request that could not
 // be completed at all.
 
 import type { ErrorDetail } from "./models.js";

@@ -1,4 +1,4 @@
-//! `value` as an exact decimal (DESIGN section 5): the canonical text of what was sent, from a
+//! `value` as an exact decimal (docs/api.md, "Numbers"): the canonical text of what was sent, from a
 //! numeric string or from a JSON number's own text (serde_json's `arbitrary_precision` keeps
 //! it), never through `f64`. `"12.50"`, `12.5` and `1.25e1` are the same value, `"12.5"`.
 //!
@@ -62,7 +62,7 @@ pub(crate) fn json_number_value(text: &str) -> Option<String> {
 }
 
 /// Canonical text of a string that matched `^[0-9]{1,10}(\.[0-9]{1,6})?$`. The string form
-/// follows its pattern only (README, "Decisions beyond SPEC"), up to 9999999999.999999.
+/// follows its pattern only (docs/api.md, "Numbers"), up to 9999999999.999999.
 pub(crate) fn numeric_string_value(text: &str) -> String {
     let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
     let whole = whole.trim_start_matches('0');

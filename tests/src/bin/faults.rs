@@ -638,7 +638,7 @@ struct Check {
 }
 
 /// The email hash of a conversion is still cleared (or it was sent again since: then it is new
-/// data, stored again as SPEC 1 says; the harness's clients never re-send an erased pair's email
+/// data, stored again as docs/api.md, "Erasure" says; the harness's clients never re-send an erased pair's email
 /// after the erasure within the check, so a hash here means the erasure was undone).
 async fn email_cleared(workspace: &str, external_id: &str) -> bool {
     let db = sqlx::postgres::PgPoolOptions::new()

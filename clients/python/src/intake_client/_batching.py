@@ -1,4 +1,4 @@
-"""Items cut into batch requests within the endpoint's limits (SPEC 4.3, 8): at most 500 items
+"""Items cut into batch requests within the endpoint's limits (docs/api.md, "Limits"): at most 500 items
 and 1 MiB of JSON body. Each item is serialized once; a batch's body is those exact bytes."""
 
 from __future__ import annotations

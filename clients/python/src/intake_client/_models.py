@@ -1,6 +1,7 @@
-"""The API's shapes (SPEC 2, DESIGN 11). Inputs are TypedDicts, so plain dicts type-check;
-results are dataclasses built from the JSON, ignoring fields this version does not know (SPEC 9.2).
-A test holds every field list here to the OpenAPI document the gateway serves."""
+"""The API's shapes (docs/api.md, "Conversion fields"). Inputs are TypedDicts, so plain dicts
+type-check; results are dataclasses built from the JSON, ignoring fields this version does not
+know (docs/api.md, "Versioning"). A test holds every field list here to the OpenAPI document the
+gateway serves."""
 
 # No `from __future__ import annotations` here: TypedDict must see `Required` at class creation.
 from dataclasses import dataclass, field
