@@ -15,9 +15,8 @@ case "$tool" in
     kafka-topics) class=org.apache.kafka.tools.TopicCommand ;;
     kafka-consumer-groups) class=org.apache.kafka.tools.consumer.group.ConsumerGroupCommand ;;
     kafka-get-offsets) class=org.apache.kafka.tools.GetOffsetShell ;;
-    kafka-configs) class=org.apache.kafka.tools.ConfigCommand ;;
     kafka-console-consumer) class=org.apache.kafka.tools.consumer.ConsoleConsumer ;;
-    *) echo "usage: $0 kafka-topics|kafka-consumer-groups|kafka-get-offsets|kafka-configs|kafka-console-consumer [ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 kafka-topics|kafka-consumer-groups|kafka-get-offsets|kafka-console-consumer [ARGS...]" >&2; exit 2 ;;
 esac
 shift
 

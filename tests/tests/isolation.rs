@@ -152,6 +152,14 @@ fn neighbours(stack: &Stack, held: &TestKey, count: usize) -> (Vec<TestKey>, Vec
     (same, other)
 }
 
+/// How long a refused sender waits: Retry-After, else a moment.
+fn retry_after(reply: &Reply) -> Duration {
+    match reply.header("retry-after").and_then(|v| v.parse().ok()) {
+        Some(seconds) => Duration::from_secs(seconds),
+        None => Duration::from_millis(100),
+    }
+}
+
 /// Served and p99 of a set of neighbours' sends.
 fn figures(sends: &[(u16, Duration)]) -> (usize, usize, Duration) {
     let ok = sends.iter().filter(|(status, _)| *status == 201).count();
@@ -188,8 +196,10 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
                 let mut statuses = Vec::new();
                 while started.elapsed() < hold {
                     let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
-                    statuses.push(client.post("/v1/conversions/batch", &key, &batch(items)).await.status);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let reply = client.post("/v1/conversions/batch", &key, &batch(items)).await;
+                    statuses.push(reply.status);
+                    // A sender that honours Retry-After (as intake-send and the clients do).
+                    tokio::time::sleep(retry_after(&reply).min(hold.saturating_sub(started.elapsed()))).await;
                 }
                 statuses
             })
@@ -241,7 +251,7 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
             break;
         }
         assert!(released.elapsed() < Duration::from_secs(30), "still refused: {} {}", reply.status, reply.body);
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(retry_after(&reply)).await;
     }
     eprintln!("the held workspace wrote again {:?} after the release", released.elapsed());
 }
