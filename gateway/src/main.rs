@@ -87,6 +87,12 @@ struct Config {
     requests_per_minute: u64,
     #[arg(long, env = "INTAKE_CONVERSIONS_PER_MINUTE", default_value_t = 30_000)]
     conversions_per_minute: u64,
+    /// The length of a rate-limit window, 1 to 60 s; the two limits above count per window.
+    /// Windows are aligned to multiples of it since the Unix epoch. Shorter than the minute only
+    /// for tests, which then need not wait for a fresh window.
+    #[arg(long, env = "INTAKE_RATE_LIMIT_WINDOW_MS", default_value_t = 60_000,
+        value_parser = clap::value_parser!(u64).range(*ratelimit::Window::MILLIS.start()..=*ratelimit::Window::MILLIS.end()))]
+    rate_limit_window_ms: u64,
     /// A request's head must have arrived this long after the connection was ready for it
     /// (opened, or its previous response sent); else the connection is closed.
     #[arg(long, env = "INTAKE_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
@@ -240,6 +246,7 @@ async fn main() -> anyhow::Result<()> {
         limiter: Arc::new(ratelimit::RateLimiter::new(
             &config.redis_url,
             ms(config.redis_timeout_ms),
+            ratelimit::Window::from_millis(config.rate_limit_window_ms),
             config.requests_per_minute,
             config.conversions_per_minute,
             metrics.clone(),

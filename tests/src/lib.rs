@@ -38,6 +38,20 @@ pub fn intake_send() -> Command {
 /// the fault harness's fixed ports (deploy/faults.sh), 30000-32767 for `KafkaCluster`.
 pub const FREE_PORTS: std::ops::Range<u16> = 20_000..29_000;
 
+/// Polls `condition` every 20 ms until it holds; panics saying `what` did not happen within
+/// `patience`. Tests wait with this instead of sleeping for a time that is usually enough.
+pub async fn wait_until<F, Fut>(what: &str, patience: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + patience;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "{what} did not happen within {patience:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A port that nothing listens on now, from [`FREE_PORTS`], tried from a random place so that
 /// concurrent tests rarely try the same one.
 pub fn free_port() -> u16 {
@@ -56,6 +70,9 @@ pub struct StackOptions {
     pub auth_cache_ttl_ms: u64,
     pub requests_per_minute: u64,
     pub conversions_per_minute: u64,
+    /// The rate-limit window (a minute by default): a test that needs a fresh window starts its
+    /// stack with a window of a few seconds and waits for it with [`Stack::window_with_at_least`].
+    pub rate_limit_window_ms: u64,
     pub redis_url: Option<String>,
     pub start_writer: bool,
     /// A database of the stack's own instead of `DATABASE_URL`.
@@ -86,6 +103,7 @@ impl Default for StackOptions {
             auth_cache_ttl_ms: 2_000,
             requests_per_minute: 600,
             conversions_per_minute: 30_000,
+            rate_limit_window_ms: 60_000,
             redis_url: None,
             start_writer: true,
             database_url: None,
@@ -230,6 +248,7 @@ impl Stack {
             .args(["--auth-cache-ttl-ms", &options.auth_cache_ttl_ms.to_string()])
             .args(["--requests-per-minute", &options.requests_per_minute.to_string()])
             .args(["--conversions-per-minute", &options.conversions_per_minute.to_string()])
+            .args(["--rate-limit-window-ms", &options.rate_limit_window_ms.to_string()])
             .args(["--reply-partition", &reply_partition.to_string()]);
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
@@ -239,6 +258,23 @@ impl Stack {
         }
         command.args(&options.gateway_args);
         command
+    }
+
+    /// Waits until the stack's current rate-limit window has at least `needed` left, so that a
+    /// test's requests fall into one window; returns when that window ends. Windows are aligned
+    /// to multiples of their length since the Unix epoch, on the clock the gateway shares.
+    pub async fn window_with_at_least(&self, needed: Duration) -> Instant {
+        let window = self.options.rate_limit_window_ms;
+        let needed_ms = u64::try_from(needed.as_millis()).unwrap_or(u64::MAX);
+        assert!(needed_ms < window, "{needed:?} is more than a window of {window} ms");
+        loop {
+            let left = window - u64::try_from(now_ms()).unwrap_or(0) % window;
+            if left >= needed_ms {
+                return Instant::now() + Duration::from_millis(left);
+            }
+            // The clock is the condition: the next window starts `left` from now.
+            tokio::time::sleep(Duration::from_millis(left + 10)).await;
+        }
     }
 
     /// Starts one more writer in the stack's consumer group.
@@ -795,17 +831,20 @@ pub struct Sent {
 pub struct Traffic {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
+    /// Per workspace, when its latest successful request was sent.
+    last_ok: std::sync::Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
 }
 
 impl Traffic {
     pub fn start(client: Client, keys: &[TestKey]) -> Traffic {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let last_ok = std::sync::Arc::new(keys.iter().map(|_| std::sync::Mutex::new(None)).collect::<Vec<_>>());
         let tasks = keys
             .iter()
             .cloned()
             .enumerate()
             .map(|(workspace, key)| {
-                let (client, stop) = (client.clone(), stop.clone());
+                let (client, stop, last_ok) = (client.clone(), stop.clone(), last_ok.clone());
                 tokio::spawn(async move {
                     let mut sent = Vec::new();
                     let mut n = 0u64;
@@ -829,6 +868,11 @@ impl Traffic {
                             let reply = client.post("/v1/conversions", &key, &input).await;
                             (vec![input["external_id"].as_str().unwrap_or_default().to_owned()], reply.status)
                         };
+                        if (200..300).contains(&status) {
+                            if let Ok(mut last) = last_ok[workspace].lock() {
+                                *last = Some(started);
+                            }
+                        }
                         sent.push(Sent { workspace, external_ids, status, started, took: started.elapsed() });
                         if !(200..300).contains(&status) {
                             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -838,7 +882,18 @@ impl Traffic {
                 })
             })
             .collect();
-        Traffic { stop, tasks }
+        Traffic { stop, tasks, last_ok }
+    }
+
+    /// Waits until every workspace has had a success of a request sent after `fault_at`, for at
+    /// most `patience` (the report that [`Traffic::stop`] leads to says whether it came).
+    pub async fn wait_recovered(&self, fault_at: Instant, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        let recovered =
+            || self.last_ok.iter().all(|last| last.lock().is_ok_and(|at| at.is_some_and(|at| at >= fault_at)));
+        while !recovered() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn stop(self) -> Vec<Sent> {

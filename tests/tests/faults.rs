@@ -1,14 +1,25 @@
 //! Faults lose nothing that was acknowledged.
 
 use intake_tests::serde_json::Value;
-use intake_tests::{conversion, database, Stack, StackOptions};
+use intake_tests::{conversion, database, wait_until, Stack, StackOptions};
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
+fn no_reply_stall() -> Vec<String> {
+    vec!["--reply-stall-ms".into(), "600000".into()]
+}
+
 #[tokio::test]
 async fn a_writer_killed_under_traffic_loses_no_acknowledged_conversion() {
-    let mut stack = Stack::start_with(StackOptions { write_timeout_ms: 2_000, ..Default::default() }).await;
+    // Writes that time out are what this test follows, not the gateway refusing new ones while
+    // none is answered (tested in hardening.rs): the reply-stall time is far off.
+    let mut stack = Stack::start_with(StackOptions {
+        write_timeout_ms: 2_000,
+        gateway_args: no_reply_stall(),
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
     let client = stack.client();
     let sender = {
@@ -28,8 +39,17 @@ async fn a_writer_killed_under_traffic_loses_no_acknowledged_conversion() {
             outcomes
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let db = database().await;
+    let stored_some = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+            .bind(&key.workspace_id)
+            .fetch_one(&db)
+            .await
+            .is_ok_and(|n| n >= 5)
+    };
+    wait_until("traffic being stored", Duration::from_secs(10), stored_some).await;
     stack.stop_writers(false); // SIGKILL, mid-traffic
+                               // An outage of half a second, with requests arriving during it, is the fault under test.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stack.start_writer();
     let outcomes = sender.await.unwrap_or_default();
@@ -72,9 +92,13 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
         let key = key.clone();
         tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let in_flight_now = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
+    wait_until("a write in flight", Duration::from_secs(5), in_flight_now).await;
     let exited = stack.terminate_gateway();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let readyz = format!("{}/readyz", stack.ops_url);
+    let shutting_down =
+        || async { stack.http.get(&readyz).send().await.is_ok_and(|response| response.status().as_u16() == 503) };
+    wait_until("the gateway shutting down", Duration::from_secs(5), shutting_down).await;
     stack.start_writer();
     let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reply.status, 201, "the request in flight at SIGTERM was answered: {reply:?}");
@@ -166,7 +190,12 @@ impl Drop for PrivatePostgres {
 #[tokio::test]
 async fn a_database_outage_delays_writes_and_loses_none() {
     let postgres = PrivatePostgres::start_new();
-    let options = StackOptions { database_url: Some(postgres.url()), write_timeout_ms: 2_000, ..Default::default() };
+    let options = StackOptions {
+        database_url: Some(postgres.url()),
+        write_timeout_ms: 2_000,
+        gateway_args: no_reply_stall(),
+        ..Default::default()
+    };
     let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
         .arg("migrate")
         .env("DATABASE_URL", postgres.url())

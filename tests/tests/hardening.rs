@@ -5,7 +5,7 @@
 //! unknown key costs one query.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, free_port, join_all, Stack, StackOptions};
+use intake_tests::{conversion, free_port, join_all, wait_until, Stack, StackOptions};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -131,7 +131,8 @@ async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_li
     let next = connection.response().await.unwrap_or_else(|| panic!("the connection did not survive the panic"));
     assert_eq!(next.status, 200);
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("the panic's log line", Duration::from_secs(5), || async { stack.logs().contains("request panicked") })
+        .await;
     let logs = stack.logs();
     let line =
         logs.lines().find(|l| l.contains("request panicked")).unwrap_or_else(|| panic!("no panic line in {logs}"));
@@ -198,6 +199,7 @@ async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
     trickle.send(&write_head("/v1/conversions", &key.bearer(), body.len())).await;
     for byte in body.as_bytes().iter().take(8) {
         trickle.send(&[*byte]).await;
+        // A client trickling its body is what this test is about.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let reply = trickle.response().await.unwrap_or_else(|| panic!("closed without a response"));
@@ -238,6 +240,8 @@ async fn well_behaved_clients_are_served_fast_while_100_slow_clients_hang() {
         }
         slow.push(client);
     }
+    // Time for the gateway to take in what the slow clients sent (nothing counts open
+    // connections to poll on); the fast requests below are measured against that load.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let mut took = Vec::new();
@@ -276,6 +280,7 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     for _ in 0..5 {
         holders.push(Raw::connect(&stack).await);
     }
+    // Time for the gateway to accept the five (nothing counts open connections to poll on).
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let reply = stack.send(reqwest::Method::GET, "/v1/openapi.json", None, None).await;
@@ -301,7 +306,8 @@ async fn requests_beyond_the_cap_in_flight_get_503_at_once() {
             tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let in_flight = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 2.0 };
+    wait_until("two writes in flight", Duration::from_secs(5), in_flight).await;
     let started = Instant::now();
     let reply = stack.get("/v1/workspace", &key).await;
     assert!(started.elapsed() < Duration::from_millis(500));
@@ -325,14 +331,16 @@ async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
     })
     .await;
     let key = stack.workspace();
+    // Three workspaces fill the cap (each within its share of it); the fourth write is refused
+    // for the cap, not for a workspace's share.
     let hanging: Vec<_> = (0..3)
         .map(|_| {
-            let (client, key) = (stack.client(), key.clone());
+            let (client, key) = (stack.client(), stack.workspace());
             tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(stack.metrics().await.value("intake_gateway_writes_in_flight"), 3.0);
+    let in_flight = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 3.0 };
+    wait_until("three writes in flight", Duration::from_secs(5), in_flight).await;
 
     // The fourth write declares a body and sends none: answered at once, so the body was not awaited.
     let mut fourth = Raw::connect(&stack).await;
@@ -375,6 +383,7 @@ async fn writes_get_503_while_the_writers_give_no_reply() {
         let (client, key) = (stack.client(), key.clone());
         tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
     };
+    // The stall time passing with no reply is what this test is about.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // A write has waited over the stall time with no reply: a new one is refused at once.
@@ -451,7 +460,8 @@ async fn fifty_concurrent_requests_with_one_unknown_key_cost_one_query() {
     assert_eq!(metrics.value("intake_gateway_key_cache_total{result=\"miss\"}"), 1.0, "one PostgreSQL query");
     assert_eq!(metrics.value("intake_gateway_key_cache_total{result=\"hit\"}"), 49.0);
 
-    // Remembered briefly only: after the unknown-key time (1 s) it is looked up again.
+    // Remembered briefly only: after the unknown-key time (1 s) it is looked up again. That time
+    // passing is what is tested.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(stack.send(reqwest::Method::GET, "/v1/workspace", Some(&unknown), None).await.status, 401);
     assert_eq!(stack.metrics().await.value("intake_gateway_key_cache_total{result=\"miss\"}"), 2.0);
@@ -508,35 +518,34 @@ async fn readiness_follows_kafka_and_postgresql_and_turns_on_sigterm_before_the_
         let (client, key) = (stack.client(), key.clone());
         tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let in_flight_now = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
+    wait_until("a write in flight", Duration::from_secs(5), in_flight_now).await;
     let exited = stack.terminate_gateway();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(status(ops("/readyz")).await, 503, "not ready from SIGTERM on");
+    let terminated = Instant::now();
+    wait_until("/readyz answering 503", Duration::from_millis(1_000), || async { status(ops("/readyz")).await == 503 })
+        .await;
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "still serving during the shutdown delay");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let refused = reqwest::Client::new().get(format!("{}/v1/openapi.json", stack.base_url)).send().await;
-    assert!(refused.is_err(), "the listener is closed after the delay");
+    let closed =
+        || async { reqwest::Client::new().get(format!("{}/v1/openapi.json", stack.base_url)).send().await.is_err() };
+    wait_until("the listener closing", Duration::from_secs(10), closed).await;
+    assert!(terminated.elapsed() >= Duration::from_millis(1_400), "the listener closed only after the 1.5 s delay");
     stack.start_writer();
     assert_eq!(in_flight.await.unwrap_or_default(), 201, "the write in flight was answered");
     let status = tokio::task::spawn_blocking(move || exited.join().ok().flatten()).await.ok().flatten();
     assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
 }
 
-/// Waits, if needed, for a new one-minute rate-limit window with at least `needed` seconds left.
-async fn start_of_a_window(needed: u64) {
-    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
-    if 60 - second < needed {
-        tokio::time::sleep(Duration::from_secs(60 - second)).await;
-    }
-}
-
 #[tokio::test]
 async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_cache() {
-    let stack =
-        Stack::start_with(StackOptions { requests_per_minute: 6, conversions_per_minute: 3, ..Default::default() })
-            .await;
+    let stack = Stack::start_with(StackOptions {
+        requests_per_minute: 6,
+        conversions_per_minute: 3,
+        rate_limit_window_ms: 10_000,
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
-    start_of_a_window(20).await;
+    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
     for _ in 0..3 {
         assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
     }
@@ -545,6 +554,7 @@ async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_c
         assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
     }
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 429, "over the request limit");
+    assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
 
     let metrics = stack.metrics().await;
     let expected = [
@@ -584,7 +594,10 @@ async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_va
         stack.post("/v1/conversions/batch", &key, &json!({ "conversions": [item, bad, conversion("lead")] })).await;
     assert_eq!(reply.status, 200);
     let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logged = || async {
+        std::fs::read_to_string(stack.log_dir.join("gateway.log")).is_ok_and(|log| log.contains(&request_id))
+    };
+    wait_until("the request's log line", Duration::from_secs(5), logged).await;
 
     let gateway_log = std::fs::read_to_string(stack.log_dir.join("gateway.log")).unwrap_or_default();
     let lines: Vec<Value> = gateway_log.lines().filter_map(|l| intake_tests::serde_json::from_str(l).ok()).collect();

@@ -251,6 +251,7 @@ async fn a_client_still_sending_a_refused_body_reads_the_413() {
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap_or_else(|e| panic!("{e}"));
     let head = format!("POST /v1/conversions/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n", key.bearer());
     stream.write_all(head.as_bytes()).await.unwrap_or_else(|e| panic!("{e}"));
+    // A client that sends its head, then its body in pieces over time, is what this test is about.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let piece = vec![b' '; 64 * 1024];
     for n in 0..length / piece.len() {

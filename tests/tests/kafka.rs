@@ -1,7 +1,7 @@
 //! On Apache Kafka: a writer killed with SIGKILL and started again gets partitions and serves
 //! them; a three-node cluster loses the leader of a request partition under traffic and goes on.
 
-use intake_tests::{missing_acknowledged, FaultReport, KafkaCluster, Stack, StackOptions, Traffic};
+use intake_tests::{missing_acknowledged, wait_until, FaultReport, KafkaCluster, Stack, StackOptions, Traffic};
 use std::time::{Duration, Instant};
 
 /// A killed writer keeps its partitions until its session times out (10 s).
@@ -17,12 +17,12 @@ async fn kill_a_writer_and_start_it_again(writers: usize, back_within: Duration)
     let mut stack = Stack::start_with(StackOptions { writers, ..unlimited() }).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    traffic.wait_recovered(Instant::now(), Duration::from_secs(30)).await;
 
     let killed_at = Instant::now();
     stack.kill_writer(0);
     stack.start_writer(); // as a supervisor would
-    tokio::time::sleep(back_within + Duration::from_secs(3)).await;
+    traffic.wait_recovered(killed_at, back_within + Duration::from_secs(3)).await;
     let sent = traffic.stop().await;
 
     let report = FaultReport::of(&sent, keys.len(), killed_at);
@@ -53,14 +53,14 @@ async fn the_leader_of_a_request_partition_killed_under_traffic() {
     let stack = Stack::start_with(options).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    traffic.wait_recovered(Instant::now(), Duration::from_secs(30)).await;
 
     let topic = format!("{}.requests", stack.topic_prefix);
     let leader = cluster.leader(&topic, stack.request_partition(&keys[0].workspace_id));
     assert!((1..=3).contains(&leader), "partition has a leader: {leader}");
     let killed_at = Instant::now();
     cluster.kill(leader);
-    tokio::time::sleep(Duration::from_secs(33)).await;
+    traffic.wait_recovered(killed_at, Duration::from_secs(33)).await;
     let sent = traffic.stop().await;
 
     let report = FaultReport::of(&sent, keys.len(), killed_at);
@@ -78,13 +78,14 @@ async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
     let mut stack = Stack::start_with(StackOptions { writers: 2, ..unlimited() }).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    traffic.wait_recovered(Instant::now(), Duration::from_secs(30)).await;
     let stopped_at = Instant::now();
     let exited = stack.terminate_writer(0);
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let sent = traffic.stop().await;
     let (took, status) =
         tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();
+    // Every partition is served after the writer has gone, by the other one.
+    traffic.wait_recovered(Instant::now(), Duration::from_secs(8)).await;
+    let sent = traffic.stop().await;
     assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
     assert!(took < Duration::from_secs(5), "finished its group, committed and left in {took:?}");
     let report = FaultReport::of(&sent, keys.len(), stopped_at);
@@ -105,7 +106,8 @@ async fn a_writer_stopped_with_sigterm_while_every_broker_is_down_exits_in_bound
     let key = stack.workspace();
     assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
     cluster.kill_all();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let down = || async { cluster.bootstrap.split(',').all(|broker| std::net::TcpStream::connect(broker).is_err()) };
+    wait_until("every broker down", Duration::from_secs(10), down).await;
     let exited = stack.terminate_writer(0);
     let (took, status) =
         tokio::task::spawn_blocking(move || exited.join().unwrap_or_default()).await.unwrap_or_default();

@@ -2,7 +2,7 @@
 //! forced rate limit, server errors and an unreachable service, JSON Lines from standard input.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{database, now_ms, Stack, StackOptions, TestKey};
+use intake_tests::{database, now_ms, wait_until, Stack, StackOptions, TestKey};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -232,25 +232,21 @@ async fn a_backfill_of_100000_csv_rows_stores_the_valid_ones_and_rejects_the_oth
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Waits until the current minute has at least `needed` seconds left.
-async fn start_of_a_window(needed: u64) {
-    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
-    if 60 - second < needed {
-        tokio::time::sleep(Duration::from_secs(60 - second) + Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_forced_rate_limit_is_waited_out_with_retry_after() {
-    let stack = Stack::start_with(StackOptions { conversions_per_minute: 500, ..StackOptions::default() }).await;
+    // A window of a few seconds: the sender waits out the rest of it, not of a minute.
+    let stack = Stack::start_with(StackOptions {
+        conversions_per_minute: 500,
+        rate_limit_window_ms: 8_000,
+        ..StackOptions::default()
+    })
+    .await;
     let key = stack.workspace();
-    start_of_a_window(8).await;
+    let window_end = stack.window_with_at_least(Duration::from_secs(6)).await;
     // This window's conversions are used up: the sender's first batch gets 429.
     let batch: Vec<Value> = (0..500).map(|_| intake_tests::conversion("lead")).collect();
     let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await;
     assert_eq!(reply.status, 200, "{reply:?}");
-    let window_left =
-        60 - std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
 
     let dir = temp_dir();
     let input = dir.join("rows.csv");
@@ -268,10 +264,9 @@ async fn a_forced_rate_limit_is_waited_out_with_retry_after() {
     assert_eq!(summary["created"], json!(rows), "{summary}");
     assert_eq!(summary["failed"], json!(0), "{summary}");
     assert!(summary["retries"].as_u64().is_some_and(|r| r > 0), "429s were retried: {summary}");
-    assert!(
-        took + Duration::from_secs(2) >= Duration::from_secs(window_left),
-        "it waited for the window: {took:?} of {window_left} s"
-    );
+    let window_left = window_end.saturating_duration_since(started);
+    assert!(!window_left.is_zero(), "the sender started after the window ended: lengthen it");
+    assert!(took + Duration::from_secs(1) >= window_left, "it waited for the window: {took:?} of {window_left:?}");
     assert_eq!(stored_ids(&key).await.len(), 500 + rows);
     assert_key_never_shown(&output, &key);
     let _ = std::fs::remove_dir_all(&dir);
@@ -365,7 +360,10 @@ async fn server_errors_are_retried_until_the_writer_answers() {
     let mut command = stack.intake_send(&key);
     command.arg(&input).args(["--summary", "json", "--batch-size", "100", "--concurrency", "2", "--progress", "off"]);
     let sender = tokio::spawn(run(command, None));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let answered_500 = || async {
+        stack.metrics().await.value("intake_gateway_requests_total{route=\"conversions_batch\",status=\"500\"}") >= 2.0
+    };
+    wait_until("the sender being answered 500", Duration::from_secs(20), answered_500).await;
     stack.start_writer();
     let output = sender.await.unwrap_or_else(|e| panic!("{e}"));
 

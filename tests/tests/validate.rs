@@ -5,22 +5,13 @@
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, raw_http, topic_contents, Reply, Stack, StackOptions, TestKey};
 use reqwest::Method;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const PATH: &str = "/v1/conversions/validate";
 const HASH: &str = "71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476";
 
 fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
-}
-
-/// Waits until the current minute has at least `needed` seconds left, so a test's requests
-/// fall into one rate-limit window.
-async fn start_of_a_window(needed: u64) {
-    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
-    if 60 - second < needed {
-        tokio::time::sleep(Duration::from_secs(60 - second)).await;
-    }
 }
 
 async fn stored_conversions(key: &TestKey) -> i64 {
@@ -55,9 +46,14 @@ async fn post_text(stack: &Stack, path: &str, key: &TestKey, body: String) -> Re
 #[tokio::test]
 async fn every_item_is_answered_in_order_and_nothing_is_written() {
     // A conversion limit of 3: a validation of 7 items would be refused if it were counted.
-    let stack = Stack::start_with(StackOptions { conversions_per_minute: 3, ..Default::default() }).await;
+    let stack = Stack::start_with(StackOptions {
+        conversions_per_minute: 3,
+        rate_limit_window_ms: 10_000,
+        ..Default::default()
+    })
+    .await;
     let key = stack.workspace();
-    start_of_a_window(20).await;
+    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
 
     let mut with_identifiers = conversion("Lead");
     with_identifiers["email"] = json!(" Ann@Example.com ");
@@ -128,6 +124,7 @@ async fn every_item_is_answered_in_order_and_nothing_is_written() {
     // Validating after the limit is reached still works: it is not a write.
     let after = stack.post(PATH, &key, &batch(three)).await;
     assert_eq!(after.body["summary"], json!({"valid": 3, "failed": 0}), "{after:?}");
+    assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
 }
 
 #[tokio::test]
@@ -155,9 +152,11 @@ async fn a_stored_conversion_is_neither_changed_nor_read() {
 
 #[tokio::test]
 async fn it_counts_against_the_request_limit_before_its_body_is_read() {
-    let stack = Stack::start_with(StackOptions { requests_per_minute: 3, ..Default::default() }).await;
+    let stack =
+        Stack::start_with(StackOptions { requests_per_minute: 3, rate_limit_window_ms: 5_000, ..Default::default() })
+            .await;
     let key = stack.workspace();
-    start_of_a_window(20).await;
+    let window_end = stack.window_with_at_least(Duration::from_secs(4)).await;
     let body = batch(vec![conversion("lead")]);
     for remaining in ["2", "1", "0"] {
         let reply = stack.post(PATH, &key, &body).await;
@@ -169,7 +168,8 @@ async fn it_counts_against_the_request_limit_before_its_body_is_read() {
     let refused = post_text(&stack, PATH, &key, huge).await;
     assert_eq!((refused.status, refused.error_code()), (429, "rate_limited"), "{refused:?}");
     let retry_after: u64 = refused.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
-    assert!((1..=60).contains(&retry_after));
+    assert!((1..=5).contains(&retry_after), "Retry-After {retry_after} within the 5 s window");
+    assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
 }
 
 #[tokio::test]
