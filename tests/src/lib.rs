@@ -460,6 +460,20 @@ impl Stack {
         self.client().post(path, key, body).await
     }
 
+    /// [`Stack::post`] as a client that honours Retry-After: a 503 or 429 is sent again after
+    /// the time it names, for up to 30 s.
+    pub async fn post_honouring_retry_after(&self, path: &str, key: &TestKey, body: &Value) -> Reply {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let reply = self.post(path, key, body).await;
+            if ![429, 503].contains(&reply.status) || Instant::now() > deadline {
+                return reply;
+            }
+            let wait = reply.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+        }
+    }
+
     pub async fn get(&self, path: &str, key: &TestKey) -> Reply {
         self.send(reqwest::Method::GET, path, Some(&key.bearer()), None).await
     }

@@ -173,6 +173,8 @@ async fn no_writer_before_the_deadline_is_500_and_the_write_is_applied_later() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(applied.is_some(), "the request the gateway gave up on was still applied");
-    let resend = stack.post("/v1/conversions", &key, &input).await;
+    // The gateway may not have read the writer's late reply yet: until then the workspace's
+    // write is unanswered, and a write of it is refused 503 with Retry-After.
+    let resend = stack.post_honouring_retry_after("/v1/conversions", &key, &input).await;
     assert_eq!(resend.body["conversion"]["result"], "unchanged", "{resend:?}");
 }
