@@ -8,6 +8,7 @@ mod consume;
 mod dlq;
 mod erase;
 mod health;
+mod lookups;
 mod metrics;
 mod ops;
 mod plan;
