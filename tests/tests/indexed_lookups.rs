@@ -8,8 +8,11 @@
 #[allow(dead_code)]
 #[path = "../../writer/src/lookups.rs"]
 mod lookups;
+#[path = "support/own_database.rs"]
+mod own_database;
 
 use intake_tests::env;
+use own_database::OwnDatabase;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -17,42 +20,6 @@ use std::process::{Command, Stdio};
 
 /// Rows of each of `conversions` and `visits`; three in four in the workspace `ws_0`.
 const ROWS: i64 = 250_000;
-
-/// A database of its own, dropped when the test ends (even when it fails).
-struct OwnDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl OwnDatabase {
-    async fn create() -> OwnDatabase {
-        let base = env("DATABASE_URL");
-        let (server, _) = base.rsplit_once('/').unwrap_or_else(|| panic!("DATABASE_URL has no database"));
-        let name = format!("intake_lookups_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let admin = PgPoolOptions::new().max_connections(1).connect(&base).await.unwrap_or_else(|e| panic!("{e}"));
-        sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap_or_else(|e| panic!("{e}"));
-        let own = OwnDatabase { admin_url: base.clone(), url: format!("{server}/{name}"), name };
-        let status = Command::new(std::path::Path::new(&env("INTAKE_BIN_DIR")).join("intake-writer"))
-            .arg("migrate")
-            .env("DATABASE_URL", &own.url)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap_or_else(|e| panic!("intake-writer migrate: {e}"));
-        assert!(status.success(), "intake-writer migrate failed");
-        own
-    }
-}
-
-impl Drop for OwnDatabase {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([&self.admin_url, "-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
 
 /// Workspace `ws_0` holds three in four rows, 99 others the rest. Every other conversion has a
 /// visitor id (16 characters and a suffix), one in three a click id, one in five a contact id,
@@ -134,7 +101,7 @@ fn texts(values: &[&str]) -> Param {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
-    let own = OwnDatabase::create().await;
+    let own = OwnDatabase::create("lookups").await;
     let db = PgPoolOptions::new().max_connections(2).connect(&own.url).await.unwrap_or_else(|e| panic!("{e}"));
     fill(&db).await;
     // A person of ws_0: conversion cv_12 (visitor id of v12, click k12) and cv_15 (contact-15).

@@ -32,8 +32,8 @@ const MAX_GROUP: usize = 64;
 pub struct Settings {
     pub kafka: KafkaArgs,
     pub group_id: String,
-    /// How long applied message ids are remembered; at least the requests topic's retention,
-    /// so that any redelivery or replay from the topic is recognised.
+    /// How long applied message ids are remembered beyond the requests topic's retention
+    /// (which `retention.rs` reads from Kafka): any redelivery or replay is recognised.
     pub remember_applied: Duration,
     pub policy: Policy,
     /// Groups applied at once, each of its own partitions (see the module's comment).
@@ -58,7 +58,7 @@ pub async fn run(
     consumer.subscribe(&[&settings.kafka.requests_topic])?;
     let consumer = Arc::new(consumer);
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
-    tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
+    tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
     let observer =
         tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), health.metrics.clone()));
     let lane_count = settings.lanes.max(1);
@@ -495,27 +495,6 @@ async fn observe(pool: PgPool, consumer: Arc<WriterConsumer>, group_id: String, 
             metrics.applied_messages_rows.set(rows.max(0.0) as i64);
         }
         tokio::time::sleep(Duration::from_secs(15)).await;
-    }
-}
-
-/// Forgets applied message ids older than `keep`, every few minutes, in small batches.
-async fn prune_applied_messages(pool: PgPool, keep: Duration) {
-    let keep_secs = keep.as_secs_f64();
-    loop {
-        let pruned = sqlx::query(
-            "DELETE FROM applied_messages WHERE correlation_id IN (
-                SELECT correlation_id FROM applied_messages
-                 WHERE applied_at < now() - make_interval(secs => $1) LIMIT 10000)",
-        )
-        .bind(keep_secs)
-        .execute(&pool)
-        .await;
-        match pruned {
-            Ok(done) if done.rows_affected() == 10_000 => continue,
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "pruning applied_messages failed"),
-        }
-        tokio::time::sleep(Duration::from_secs(300)).await;
     }
 }
 

@@ -13,6 +13,7 @@ mod metrics;
 mod ops;
 mod plan;
 mod replay;
+mod retention;
 mod retry;
 mod store;
 mod topics;
@@ -56,9 +57,11 @@ enum Command {
         /// Attempts at a message failing for a non-transient reason before it is dead-lettered.
         #[arg(long, env = "INTAKE_WRITER_MAX_ATTEMPTS", default_value_t = 3)]
         max_attempts: u32,
-        /// Hours an applied message id is remembered (at least the requests topic's retention).
-        #[arg(long, env = "INTAKE_REMEMBER_APPLIED_HOURS", default_value_t = 168)]
-        remember_applied_hours: u64,
+        /// How long applied message ids are kept beyond the last moment a message can be read
+        /// from the requests topic (its retention.ms + segment.ms, read from Kafka), and erasure
+        /// tombstones beyond that of the requests and dead-letter topics.
+        #[arg(long, env = "INTAKE_RETENTION_MARGIN_MS", default_value_t = 3_600_000)]
+        retention_margin_ms: u64,
         /// Address of /healthz, /readyz and /metrics.
         #[arg(long, env = "INTAKE_WRITER_OPS_LISTEN", default_value = "127.0.0.1:8091")]
         ops_listen: std::net::SocketAddr,
@@ -75,7 +78,8 @@ enum Command {
         #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
         shutdown_timeout_ms: u64,
     },
-    /// Creates the requests, replies and dead-letter topics (existing ones are left alone).
+    /// Creates the requests, replies and dead-letter topics, and sets the retentions below on
+    /// those that exist (their partition counts are left alone).
     Topics {
         #[command(flatten)]
         kafka: KafkaArgs,
@@ -89,8 +93,13 @@ enum Command {
         /// Default: 2 at replication 3 or more, else 1.
         #[arg(long, env = "INTAKE_TOPIC_MIN_INSYNC_REPLICAS")]
         min_insync_replicas: Option<i32>,
-        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000)]
+        /// Of the requests and replies topics; also how long the writer remembers applied
+        /// message ids (this plus the segment length and --retention-margin-ms).
+        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(i64).range(60_000..))]
         retention_ms: i64,
+        /// Of the dead-letter topic (default 14 days).
+        #[arg(long, env = "INTAKE_DLQ_RETENTION_MS", default_value_t = 1_209_600_000, value_parser = clap::value_parser!(i64).range(60_000..))]
+        dlq_retention_ms: i64,
     },
     /// The dead-letter topic.
     Dlq {
@@ -264,7 +273,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             kafka,
             group_id,
             max_attempts,
-            remember_applied_hours,
+            retention_margin_ms,
             ops_listen,
             stall_timeout_ms,
             apply_lanes,
@@ -287,7 +296,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let settings = consume::Settings {
                 kafka,
                 group_id,
-                remember_applied: Duration::from_secs(remember_applied_hours * 3600),
+                remember_applied: Duration::from_millis(retention_margin_ms),
                 policy: retry::Policy {
                     max_attempts,
                     first_backoff: Duration::from_millis(50),
@@ -306,6 +315,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             replication,
             min_insync_replicas,
             retention_ms,
+            dlq_retention_ms,
         } => {
             let counts = topics::TopicCounts {
                 request_partitions,
@@ -313,6 +323,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 replication,
                 min_insync_replicas,
                 retention_ms,
+                dlq_retention_ms,
             };
             topics::create_topics(&kafka, &counts).await
         }
