@@ -18,8 +18,10 @@ mod machine;
 mod measure;
 mod plot;
 mod profile;
+mod quota;
 mod report;
 mod sized;
+mod soak;
 mod stages;
 mod wrk;
 
@@ -136,6 +138,7 @@ async fn main() {
     }
     let outcome = match args.first().map(String::as_str) {
         Some("singles") => singles(Config::from_env(), &args[1..]).await,
+        Some("soak") => soak::run().await,
         _ => run(Config::from_env()).await,
     };
     if let Err(error) = outcome {
@@ -452,27 +455,39 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let mut scale = Vec::new();
+    let (mut scale_writers, mut scale_gateways) = (Value::Null, Value::Null);
     if config.scale {
         let main_ingest = &scenarios[0].1;
         scale.push(scale_row(config.gateways, config.writers, main_ingest));
         drop(stack);
-        for (gateways, writers) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
-            if (gateways, writers) == (config.gateways, config.writers) {
-                continue;
+        let direct = scenarios.iter().find(|(n, _)| *n == "direct_apply").map(|(_, s)| s.measured.rate(Counted::Items));
+        match quota::Cgroups::detect() {
+            Some(cgroups) => {
+                let ingest = main_ingest.measured.rate(Counted::Items).max(1.0);
+                // CPU a tier spends per item, from the main batch_ingest; the quota lets 4 capped
+                // processes together apply at most 80 % of what PostgreSQL takes (direct_apply),
+                // so that the capped tier, not PostgreSQL, bounds every run.
+                let per_item = |role: &str| main_ingest.cores[role].as_f64().unwrap_or(0.5) / ingest;
+                let budget = 0.8 * direct.unwrap_or(ingest) / 4.0;
+                let cap = |role: &str| (budget * per_item(role)).clamp(0.05, 0.45);
+                for (tier, quota) in [("writers", cap("writer")), ("gateways", cap("gateway"))] {
+                    let rows = scale_capped(&config, &plans, &infrastructure, &cgroups, tier, quota).await;
+                    let value = scale_summary(&cgroups, tier, quota, rows);
+                    if tier == "writers" {
+                        scale_writers = value;
+                    } else {
+                        scale_gateways = value;
+                    }
+                }
             }
-            say(&format!("scale: batch_ingest with {gateways} gateway(s) and {writers} writer(s)"));
-            let stack = start_stack(gateways, writers).await;
-            let roles = roles_of(&stack, &infrastructure);
-            warm_up(&stack, &plans, config.warmup_seconds).await;
-            let plan = plans.batch_ingest(
-                config.batch_clients,
-                Arc::new(Generator::new("scale")),
-                Arc::new(Mutex::new(Vec::new())),
-            );
-            let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
-            scale.push(scale_row(gateways, writers, &scenario));
+            None => {
+                let reason =
+                    "no writable cgroup CPU controller (v1 /sys/fs/cgroup/cpu, v2 cpu.max): no capped scale runs";
+                say(reason);
+                scale_writers = json!({ "skipped": reason });
+                scale_gateways = json!({ "skipped": reason });
+            }
         }
-        scale.sort_by_key(|row| (row["gateways"].as_u64(), row["writers"].as_u64()));
     }
 
     let sized = if config.sizes.is_empty() {
@@ -492,6 +507,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         gateway_peak_rss_mib,
         writer_peak_rss_mib,
         scale,
+        scale_writers,
+        scale_gateways,
         profiles,
         sized,
     };
@@ -568,6 +585,91 @@ async fn singles(config: Config, clients: &[String]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// batch_ingest with 1, 2 and 4 of the tier (`writers` or `gateways`), each process of the
+/// tier capped at `quota` cores; one of the other tier, uncapped.
+async fn scale_capped(
+    config: &Config,
+    plans: &Plans,
+    infrastructure: &Roles,
+    cgroups: &quota::Cgroups,
+    tier: &str,
+    quota: f64,
+) -> Vec<Value> {
+    let duration = Duration::from_secs(config.seconds);
+    let mut rows = Vec::new();
+    for n in [1usize, 2, 4] {
+        let (gateways, writers) = if tier == "writers" { (1, n) } else { (n, 1) };
+        say(&format!("scale_{tier}: {n}, each capped at {quota:.2} cores"));
+        let stack = start_stack(gateways, writers).await;
+        let (gateway_pids, writer_pids) = stack.pids();
+        let capped = if tier == "writers" { writer_pids } else { gateway_pids };
+        let groups: Vec<quota::Group> = capped
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &pid)| match cgroups.cap(&format!("intake-bench-{tier}-{i}"), quota, pid) {
+                Ok(group) => Some(group),
+                Err(error) => {
+                    say(&format!("could not cap {pid}: {error}"));
+                    None
+                }
+            })
+            .collect();
+        let roles = roles_of(&stack, infrastructure);
+        warm_up(&stack, plans, config.warmup_seconds).await;
+        let per_process: Vec<_> = capped
+            .iter()
+            .map(|&pid| {
+                let only =
+                    Roles { gateways: vec![pid], writers: Vec::new(), postmaster: None, kafka: None, redis: None };
+                tokio::spawn(only.cores_during(duration))
+            })
+            .collect();
+        let plan = plans.batch_ingest(
+            config.batch_clients,
+            Arc::new(Generator::new("scale")),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
+        let mut cores = Vec::new();
+        for handle in per_process {
+            cores.push(handle.await.unwrap_or_default()["gateway"].as_f64().unwrap_or(0.0));
+        }
+        rows.push(json!({
+            "processes": n,
+            "batch_ingest": scenario.measured.to_json(Counted::Items),
+            "capped_process_cores": cores,
+            "throttled_periods": groups.iter().map(quota::Group::throttled_periods).collect::<Vec<_>>(),
+            "cores": scenario.cores,
+        }));
+        drop(stack);
+        drop(groups);
+    }
+    rows
+}
+
+fn scale_summary(cgroups: &quota::Cgroups, tier: &str, quota: f64, rows: Vec<Value>) -> Value {
+    let rate = |n: u64| {
+        rows.iter()
+            .find(|r| r["processes"].as_u64() == Some(n))
+            .and_then(|r| r["batch_ingest"]["items_per_s"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let factor = |n| if rate(1) > 0.0 { measure::round2(rate(n) / rate(1)) } else { 0.0 };
+    let throttled = rows.iter().all(|r| {
+        r["capped_process_cores"].as_array().is_some_and(|c| c.iter().all(|v| v.as_f64().unwrap_or(0.0) <= quota * 1.1))
+    });
+    json!({
+        "tier": tier,
+        "cgroup": cgroups.version(),
+        "quota_cores_per_process": measure::round2(quota),
+        "items_per_s": { "1": rate(1), "2": rate(2), "4": rate(4) },
+        "factor_2": factor(2),
+        "factor_4": factor(4),
+        "every_capped_process_within_its_quota": throttled,
+        "runs": rows,
+    })
 }
 
 fn scale_row(gateways: usize, writers: usize, scenario: &Scenario) -> Value {

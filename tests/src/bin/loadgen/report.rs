@@ -18,6 +18,9 @@ pub struct Run<'a> {
     pub gateway_peak_rss_mib: f64,
     pub writer_peak_rss_mib: f64,
     pub scale: Vec<Value>,
+    /// batch_ingest with 1, 2, 4 writers / gateways under a CPU quota each (quota.rs).
+    pub scale_writers: Value,
+    pub scale_gateways: Value,
     pub profiles: Value,
     /// Per size of the runs at size: the load and the erasure (sized.rs).
     pub sized: Vec<Value>,
@@ -274,6 +277,8 @@ pub fn render(run: &Run) -> (Value, String) {
     report.insert("config".into(), serde_json::to_value(config).unwrap_or_default());
     report.insert("scenario_details".into(), Value::Object(details));
     report.insert("scale".into(), json!(run.scale));
+    report.insert("scale_writers".into(), run.scale_writers.clone());
+    report.insert("scale_gateways".into(), run.scale_gateways.clone());
     report.insert("profile".into(), run.profiles.clone());
     let report = Value::Object(report);
     (report.clone(), markdown(run, &report, &targets))
@@ -443,6 +448,37 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                 b["errors"],
                 row["cores"]["machine busy"],
                 row["writer_stage"]["apply_lanes_busy_per_writer"]
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    for (title, value) in [("writers", &run.scale_writers), ("gateways", &run.scale_gateways)] {
+        if value.is_null() {
+            continue;
+        }
+        let _ = writeln!(md, "## Scale: 1, 2 and 4 {title}, each under a CPU quota\n");
+        if let Some(skipped) = value.get("skipped") {
+            let _ = writeln!(md, "Skipped: {skipped}\n");
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "Each {} capped at {} cores (cgroup {}); factors ×{} at 2, ×{} at 4 (targets ≥ 1.8 and ≥ 3.2); every capped process within its quota: {}.\n",
+            title.trim_end_matches('s'), value["quota_cores_per_process"], value["cgroup"].as_str().unwrap_or(""),
+            value["factor_2"], value["factor_4"], value["every_capped_process_within_its_quota"]
+        );
+        let _ = writeln!(md, "| {title} | items/s | p99 ms | cores of each capped process | throttled periods | machine busy |\n|---|---|---|---|---|---|");
+        for row in value["runs"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row["processes"],
+                row["batch_ingest"]["items_per_s"],
+                row["batch_ingest"]["p99_ms"],
+                row["capped_process_cores"],
+                row["throttled_periods"],
+                row["cores"]["machine busy"]
             );
         }
         let _ = writeln!(md);
