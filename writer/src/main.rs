@@ -95,10 +95,10 @@ enum Command {
         min_insync_replicas: Option<i32>,
         /// Of the requests and replies topics; also how long the writer remembers applied
         /// message ids (this plus the segment length and --retention-margin-ms).
-        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(i64).range(60_000..))]
+        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(i64).range(10_000..))]
         retention_ms: i64,
         /// Of the dead-letter topic (default 14 days).
-        #[arg(long, env = "INTAKE_DLQ_RETENTION_MS", default_value_t = 1_209_600_000, value_parser = clap::value_parser!(i64).range(60_000..))]
+        #[arg(long, env = "INTAKE_DLQ_RETENTION_MS", default_value_t = 1_209_600_000, value_parser = clap::value_parser!(i64).range(10_000..))]
         dlq_retention_ms: i64,
     },
     /// The dead-letter topic.

@@ -45,7 +45,8 @@ impl Windows {
     /// at most a quarter of the window, so that rows outlive the window by a quarter at most and
     /// a lookup visits about six ranges. A day at the most.
     pub fn range_width(&self) -> Duration {
-        const WIDTHS: [u64; 7] = [60, 300, 900, 3_600, 6 * 3_600, 12 * 3_600, 24 * 3_600];
+        // Seconds-long ranges serve retentions of a minute or two (the soak's).
+        const WIDTHS: [u64; 9] = [10, 30, 60, 300, 900, 3_600, 6 * 3_600, 12 * 3_600, 24 * 3_600];
         let quarter = self.applied_messages.as_secs() / 4;
         Duration::from_secs(WIDTHS.iter().copied().filter(|&w| w <= quarter).max().unwrap_or(WIDTHS[0]))
     }
