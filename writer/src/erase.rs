@@ -137,6 +137,10 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
     // The same lock as a chunk write: an erasure never interleaves with a write of the workspace.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(workspace_id).execute(&mut *tx).await?;
     let locked = std::time::Instant::now();
+    // Every statement below is a union of indexed lookups; the planner is held to them even on
+    // a table whose statistics lag behind a bulk load (a stale estimate must not turn a lookup
+    // into a scan of the workspace under its lock).
+    sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
     // The erasure's instant: items received before it are the person's data, erased here if
     // applied already, by the tombstone if applied later; items received after it are a later
     // send (SPEC 1), and cannot have been applied yet, since applying takes the lock held here.
