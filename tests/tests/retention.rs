@@ -123,7 +123,7 @@ async fn topics_get_their_retentions_and_the_writer_prunes_by_dropping_ranges() 
                     (SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
                       WHERE i.inhparent = 'applied_messages'::regclass
                         AND CASE WHEN c.relname ~ '^applied_messages_[0-9]+_[0-9]+$'
-                                 THEN split_part(c.relname, '_', 4)::int8 > extract(epoch FROM now()) + 60 END),
+                                 THEN split_part(c.relname, '_', 4)::int8 > extract(epoch FROM now()) + 10 END),
                     (SELECT array_agg(erasure_id ORDER BY erasure_id) FROM erasure_tombstones)",
         )
         .bind(format!("applied_messages_{old_start}_{old_end}"))
