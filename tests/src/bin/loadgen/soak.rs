@@ -276,7 +276,8 @@ fn kafka_log_dir() -> Option<std::path::PathBuf> {
     let port = std::env::var("INTAKE_KAFKA_BROKERS").ok()?.split(',').next()?.rsplit(':').next()?.parse().ok()?;
     let pid = machine::pid_listening_on(port)?;
     let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
-    let properties = cmdline.split('\0').find(|a| a.ends_with(".properties"))?;
+    // The server's own file, not a -D option naming another (log4j2.properties).
+    let properties = cmdline.split('\0').find(|a| !a.starts_with('-') && a.ends_with(".properties"))?;
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
     let text = std::fs::read_to_string(cwd.join(properties)).ok()?;
     let dir = text.lines().find_map(|l| l.strip_prefix("log.dirs="))?.split(',').next()?.trim().to_owned();
