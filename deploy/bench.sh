@@ -10,6 +10,11 @@
 #   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
 #   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
 #   deploy/bench.sh --no-scale --no-profile --micro
+#   deploy/bench.sh --sizes 1000000,10000000 --keep-sized
+#                                   the runs at size (default 1 M and 10 M stored conversions;
+#                                   --sizes 0 for none): a database of their own, preloaded by
+#                                   COPY after a free-disk check (10 M take about 15 GB), dropped
+#                                   afterwards unless --keep-sized
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, ... see tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names
@@ -22,14 +27,17 @@ while [ $# -gt 0 ]; do
         --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" \
                         INTAKE_BENCH_WARMUP_SECONDS="${INTAKE_BENCH_WARMUP_SECONDS:-2}" \
                         INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-5}" \
-                        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" ;;
+                        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" \
+                        INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-50000}" ;;
+        --sizes) export INTAKE_BENCH_SIZES="$2"; shift ;;
+        --keep-sized) export INTAKE_BENCH_KEEP_SIZED=1 ;;
         --seconds) export INTAKE_BENCH_SECONDS="$2"; shift ;;
         --gateways) export INTAKE_BENCH_GATEWAYS="$2"; shift ;;
         --writers) export INTAKE_BENCH_WRITERS="$2"; shift ;;
         --no-scale) export INTAKE_BENCH_SCALE=0 ;;
         --no-profile) export INTAKE_BENCH_PROFILE_SECONDS=0 ;;
         --micro) micro=1 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift
@@ -37,6 +45,8 @@ done
 
 start_infrastructure
 command -v pgbench >/dev/null || { say "installing pgbench"; as_root apt-get install -y -qq postgresql-contrib >/dev/null; }
+# The reject paths are measured with wrk, a client lean enough not to be their bottleneck.
+command -v wrk >/dev/null || { say "installing wrk"; as_root apt-get install -y -qq wrk >/dev/null || say "wrk did not install: the reject paths use the load generator's client"; }
 if [ "${INTAKE_BENCH_PROFILE_SECONDS:-10}" != 0 ]; then
     command -v perf >/dev/null || { say "installing linux-perf (for the profile)"; as_root apt-get install -y -qq linux-perf >/dev/null || true; }
     export PATH="$INTAKE_CACHE/tools/bin:$PATH"

@@ -32,8 +32,8 @@ const MAX_GROUP: usize = 64;
 pub struct Settings {
     pub kafka: KafkaArgs,
     pub group_id: String,
-    /// How long applied message ids are remembered; at least the requests topic's retention,
-    /// so that any redelivery or replay from the topic is recognised.
+    /// How long applied message ids are remembered beyond the requests topic's retention
+    /// (which `retention.rs` reads from Kafka): any redelivery or replay is recognised.
     pub remember_applied: Duration,
     pub policy: Policy,
     /// Workspaces applied at once, each on a connection of its own while it applies.
@@ -143,7 +143,7 @@ pub async fn run(
         metrics: metrics.clone(),
     });
     let scheduler = Arc::new(Scheduler::new(settings.workspace_backlog, MAX_GROUP));
-    tokio::spawn(prune_applied_messages(pool.clone(), settings.remember_applied));
+    tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
     let observer = tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), metrics.clone()));
     let watcher = tokio::spawn(watch_scheduler(scheduler.clone(), metrics.clone()));
     let worker_count = settings.workers.max(1);
@@ -251,38 +251,16 @@ async fn observe(pool: PgPool, consumer: Consumer, group_id: String, metrics: Ar
         if let Ok(Some(members)) = members {
             metrics.group_members.set(i64::try_from(members).unwrap_or(i64::MAX));
         }
-        let rows: Result<f32, _> =
-            sqlx::query_scalar("SELECT reltuples FROM pg_class WHERE relname = 'applied_messages'")
-                .fetch_one(&pool)
-                .await;
+        // The table is partitioned: its rows are its partitions' (estimates).
+        let rows: Result<f32, _> = sqlx::query_scalar(
+            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float4 FROM pg_inherits i
+               JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'applied_messages'::regclass",
+        )
+        .fetch_one(&pool)
+        .await;
         if let Ok(rows) = rows {
             metrics.applied_messages_rows.set(rows.max(0.0) as i64);
         }
         tokio::time::sleep(Duration::from_secs(15)).await;
-    }
-}
-
-/// Forgets applied message ids older than `keep`, every few minutes, in small batches.
-async fn prune_applied_messages(pool: PgPool, keep: Duration) {
-    let keep_secs = keep.as_secs_f64();
-    loop {
-        let _ = sqlx::query("DELETE FROM failed_requests WHERE failed_at < now() - make_interval(secs => $1)")
-            .bind(keep_secs)
-            .execute(&pool)
-            .await;
-        let pruned = sqlx::query(
-            "DELETE FROM applied_messages WHERE correlation_id IN (
-                SELECT correlation_id FROM applied_messages
-                 WHERE applied_at < now() - make_interval(secs => $1) LIMIT 10000)",
-        )
-        .bind(keep_secs)
-        .execute(&pool)
-        .await;
-        match pruned {
-            Ok(done) if done.rows_affected() == 10_000 => continue,
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "pruning applied_messages failed"),
-        }
-        tokio::time::sleep(Duration::from_secs(300)).await;
     }
 }

@@ -2,7 +2,9 @@
 //! identifiers on their conversions cleared; the conversions stay, so counts stay. The
 //! identifier is normalized and hashed exactly as on receipt, and never stored or logged.
 
+use crate::lookups;
 use anyhow::bail;
+use intake_common::conversion::Conversion;
 use intake_common::normalize;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -24,22 +26,23 @@ impl Identifier {
         }
     }
 
-    /// The SQL condition on `conversions` and the value it compares with.
-    fn condition(&self) -> anyhow::Result<(&'static str, String)> {
+    /// The statement that finds the conversions carrying the identifier, and the value it
+    /// compares with.
+    fn lookup(&self) -> anyhow::Result<(&'static str, String)> {
         Ok(match self {
             Identifier::Email(email) => match normalize::email_hash(email) {
-                Some(hash) => ("email_sha256 = $2", hash.as_str().to_owned()),
+                Some(hash) => (lookups::PERSON_BY_EMAIL, hash.as_str().to_owned()),
                 None => bail!("--email is not a usable email address"),
             },
             Identifier::Phone { number, country } => {
                 let country = country.as_deref().map(str::to_ascii_uppercase);
                 match normalize::phone_hash(number, country.as_deref()) {
-                    Some(hash) => ("phone_sha256 = $2", hash.as_str().to_owned()),
+                    Some(hash) => (lookups::PERSON_BY_PHONE, hash.as_str().to_owned()),
                     None => bail!("--phone cannot be parsed (give --country, or a leading +)"),
                 }
             }
-            Identifier::ContactId(id) => ("contact_id = $2", id.clone()),
-            Identifier::VisitorId(id) => ("left(visitor_id, 16) = left($2, 16)", id.clone()),
+            Identifier::ContactId(id) => (lookups::PERSON_BY_CONTACT, id.clone()),
+            Identifier::VisitorId(id) => (lookups::PERSON_BY_VISITOR, id.clone()),
         })
     }
 }
@@ -81,88 +84,198 @@ impl Identifiers {
             phone_hashes: collect(|p| &p.phone_sha256),
         }
     }
+
+    /// The digests an erasure's tombstone keeps: the identifiers that put a conversion among
+    /// the person's (docs/architecture.md, "Privacy": contact and visitor ids, email and phone hashes).
+    fn digests(&self) -> Vec<String> {
+        let mut digests: Vec<String> = [
+            (Kind::VisitorId, &self.visitor_ids),
+            (Kind::ContactId, &self.contact_ids),
+            (Kind::Email, &self.email_hashes),
+            (Kind::Phone, &self.phone_hashes),
+        ]
+        .into_iter()
+        .flat_map(|(kind, values)| values.iter().map(move |value| digest(kind, value)))
+        .collect();
+        digests.sort_unstable();
+        digests.dedup();
+        digests
+    }
 }
 
-const PERSON_COLUMNS: &str = "id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256";
+/// The kinds of identifier a tombstone holds.
+#[derive(Clone, Copy)]
+enum Kind {
+    VisitorId,
+    ContactId,
+    Email,
+    Phone,
+}
 
+/// SHA-256 of `kind:value`, hex: what a tombstone keeps instead of the identifier.
+fn digest(kind: Kind, value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let kind = match kind {
+        Kind::VisitorId => "visitor_id",
+        Kind::ContactId => "contact_id",
+        Kind::Email => "email_sha256",
+        Kind::Phone => "phone_sha256",
+    };
+    let hash = Sha256::new().chain_update(kind).chain_update(":").chain_update(value).finalize();
+    hash.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Erases the person in one transaction under the workspace's write lock. Every lookup is
+/// answered by an index (crate::lookups), so the lock is held for milliseconds whatever the
+/// workspace's size. What was sent before the erasure but is applied after it (in Kafka still,
+/// or replayed, or redriven from the dead letters) is covered by the tombstone written here:
+/// see [`Tombstones`].
 pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
-    let (condition, value) = identifier.condition()?;
+    let (lookup, value) = identifier.lookup()?;
+    let started = std::time::Instant::now();
     let mut tx = pool.begin().await?;
     // The same lock as a chunk write: an erasure never interleaves with a write of the workspace.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(workspace_id).execute(&mut *tx).await?;
-    let exists: Option<String> = sqlx::query_scalar("SELECT id FROM workspaces WHERE id = $1")
-        .bind(workspace_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if exists.is_none() {
-        bail!("no workspace {workspace_id}");
-    }
-    // The conversions that carry the identifier...
-    let direct: Vec<Person> =
-        sqlx::query_as(&format!("SELECT {PERSON_COLUMNS} FROM conversions WHERE workspace_id = $1 AND {condition}"))
+    let locked = std::time::Instant::now();
+    // Every statement below is a union of indexed lookups; the planner is held to them even on
+    // a table whose statistics lag behind a bulk load (a stale estimate must not turn a lookup
+    // into a scan of the workspace under its lock).
+    sqlx::query("SET LOCAL enable_seqscan = off").execute(&mut *tx).await?;
+    // The erasure's instant: items received before it are the person's data, erased here if
+    // applied already, by the tombstone if applied later; items received after it are a later
+    // send (docs/api.md, "Erasure"), and cannot have been applied yet, since applying takes the lock held here.
+    let erased_at: Option<(String, time::OffsetDateTime)> =
+        sqlx::query_as("SELECT id, clock_timestamp() FROM workspaces WHERE id = $1")
             .bind(workspace_id)
-            .bind(&value)
-            .fetch_all(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
+    let Some((_, erased_at)) = erased_at else { bail!("no workspace {workspace_id}") };
+    // The conversions that carry the identifier...
+    let direct: Vec<Person> = sqlx::query_as(lookup).bind(workspace_id).bind(&value).fetch_all(&mut *tx).await?;
     // ...and, one step out, those that carry any identifier found on them (docs/architecture.md, "Privacy").
     let found = Identifiers::of(&direct);
-    let people: Vec<Person> = sqlx::query_as(&format!(
-        "SELECT {PERSON_COLUMNS} FROM conversions
-          WHERE workspace_id = $1
-            AND (id = ANY($2) OR left(visitor_id, 16) = ANY($3) OR contact_id = ANY($4)
-                 OR email_sha256 = ANY($5) OR phone_sha256 = ANY($6))"
-    ))
-    .bind(workspace_id)
-    .bind(direct.iter().map(|p| p.id.as_str()).collect::<Vec<_>>())
-    .bind(&found.visitor_ids)
-    .bind(&found.contact_ids)
-    .bind(&found.email_hashes)
-    .bind(&found.phone_hashes)
-    .fetch_all(&mut *tx)
-    .await?;
+    let people: Vec<Person> = sqlx::query_as(lookups::PERSON_ONE_STEP)
+        .bind(workspace_id)
+        .bind(direct.iter().map(|p| p.id.as_str()).collect::<Vec<_>>())
+        .bind(&found.visitor_ids)
+        .bind(&found.contact_ids)
+        .bind(&found.email_hashes)
+        .bind(&found.phone_hashes)
+        .fetch_all(&mut *tx)
+        .await?;
     let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
     let mut all = Identifiers::of(&people);
     match &identifier {
         Identifier::VisitorId(id) => all.visitor_ids.push(id.chars().take(16).collect()),
         Identifier::ContactId(id) => all.contact_ids.push(id.clone()),
-        _ => {}
+        Identifier::Email(_) => all.email_hashes.push(value.clone()),
+        Identifier::Phone { .. } => all.phone_hashes.push(value.clone()),
     }
 
-    let visits = sqlx::query(
-        "DELETE FROM visits WHERE workspace_id = $1
-            AND (visitor_id = ANY($2) OR click_id = ANY($3) OR recipient_id = ANY($4)
-                 OR id IN (SELECT visit_id FROM conversion_matches WHERE conversion_id = ANY($5)))",
-    )
-    .bind(workspace_id)
-    .bind(&all.visitor_ids)
-    .bind(&all.click_ids)
-    .bind(&all.contact_ids)
-    .bind(&conversion_ids)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)")
+    let visits = sqlx::query(lookups::DELETE_PERSON_VISITS)
+        .bind(workspace_id)
+        .bind(&all.visitor_ids)
+        .bind(&all.click_ids)
+        .bind(&all.contact_ids)
         .bind(&conversion_ids)
         .execute(&mut *tx)
-        .await?;
-    let conversions = sqlx::query(
-        "UPDATE conversions SET visitor_id = NULL, click_id = NULL, contact_id = NULL, email_sha256 = NULL,
-                phone_sha256 = NULL, address_sha256 = NULL, hdyhau = NULL, updated_at = now()
-          WHERE id = ANY($1)",
+        .await?
+        .rows_affected();
+    sqlx::query(lookups::DELETE_PERSON_MATCHES).bind(&conversion_ids).execute(&mut *tx).await?;
+    let conversions =
+        sqlx::query(lookups::CLEAR_PERSON_CONVERSIONS).bind(&conversion_ids).execute(&mut *tx).await?.rows_affected();
+    let erasure_id: i64 = sqlx::query_scalar(
+        "INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits) VALUES ($1, $2, $3, $4)
+         RETURNING id",
     )
-    .bind(&conversion_ids)
+    .bind(workspace_id)
+    .bind(identifier.kind())
+    .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
+    .bind(i32::try_from(visits).unwrap_or(i32::MAX))
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO erasure_tombstones (erasure_id, workspace_id, erased_at, digests) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(erasure_id)
+    .bind(workspace_id)
+    .bind(erased_at)
+    .bind(all.digests())
     .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    sqlx::query("INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits) VALUES ($1, $2, $3, $4)")
-        .bind(workspace_id)
-        .bind(identifier.kind())
-        .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
-        .bind(i32::try_from(visits).unwrap_or(i32::MAX))
-        .execute(&mut *tx)
-        .await?;
+    .await?;
     tx.commit().await?;
+    let done = std::time::Instant::now();
+    // Read by deploy/bench.sh (erase_10m); the identifier's kind only, never its value.
+    tracing::info!(
+        kind = identifier.kind(),
+        conversions,
+        visits,
+        lock_wait_ms = millis(locked - started),
+        lock_held_ms = millis(done - locked),
+        "erased"
+    );
     Ok(json!({ "conversions": conversions, "visits": visits }))
+}
+
+fn millis(duration: std::time::Duration) -> f64 {
+    (duration.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// The erasures of a workspace that cover items received before them and applied after them.
+/// An item is covered when it was received (the gateway's `received_at_ms`) before an erasure
+/// and carries one of the identifiers it erased; the writer then stores it with its
+/// identifiers cleared, as the erasure would have left it had the item been applied first.
+/// Items received after an erasure are a later send and kept as sent (docs/api.md, "Erasure").
+pub struct Tombstones(Vec<(i64, Vec<String>)>);
+
+impl Tombstones {
+    /// Those of `workspace_id` newer than the oldest of `received_at_ms`: one indexed lookup,
+    /// empty unless an erasure happened within the last moments that a message can come back.
+    pub async fn load(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        workspace_id: &str,
+        received_at_ms: impl Iterator<Item = i64>,
+    ) -> Result<Tombstones, sqlx::Error> {
+        let Some(oldest) = received_at_ms.min() else { return Ok(Tombstones(Vec::new())) };
+        let rows: Vec<(i64, Vec<String>)> = sqlx::query_as(
+            "SELECT (extract(epoch FROM erased_at) * 1000)::int8, digests FROM erasure_tombstones
+              WHERE workspace_id = $1 AND erased_at > 'epoch'::timestamptz + $2 * interval '1 millisecond'",
+        )
+        .bind(workspace_id)
+        .bind(oldest)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(Tombstones(rows))
+    }
+
+    /// The item as it is to be stored, when an erasure covers it; `None` when it is stored as sent.
+    pub fn clear(&self, conversion: &Conversion, received_at_ms: i64) -> Option<Conversion> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let carried: Vec<String> = [
+            (Kind::VisitorId, conversion.visitor_id.as_deref().map(|v| v.chars().take(16).collect::<String>())),
+            (Kind::ContactId, conversion.contact_id.clone()),
+            (Kind::Email, conversion.email_sha256.as_ref().map(|h| h.as_str().to_owned())),
+            (Kind::Phone, conversion.phone_sha256.as_ref().map(|h| h.as_str().to_owned())),
+        ]
+        .into_iter()
+        .filter_map(|(kind, value)| value.map(|value| digest(kind, &value)))
+        .collect();
+        let covered = self.0.iter().any(|(erased_at_ms, digests)| {
+            received_at_ms < *erased_at_ms && carried.iter().any(|d| digests.contains(d))
+        });
+        covered.then(|| Conversion {
+            visitor_id: None,
+            click_id: None,
+            contact_id: None,
+            email_sha256: None,
+            phone_sha256: None,
+            address_sha256: None,
+            hdyhau: None,
+            ..conversion.clone()
+        })
+    }
 }
 
 /// The identifier's value: the first line of `file`, or of standard input. Never an argument:

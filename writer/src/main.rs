@@ -10,6 +10,7 @@ mod dlq;
 mod erase;
 mod expiry;
 mod health;
+mod lookups;
 mod metrics;
 mod ops;
 mod outbox;
@@ -17,6 +18,7 @@ mod partitions;
 mod plan;
 mod read;
 mod replay;
+mod retention;
 mod retry;
 mod schedule;
 mod store;
@@ -61,9 +63,11 @@ enum Command {
         /// Attempts at a message failing for a non-transient reason before it is dead-lettered.
         #[arg(long, env = "INTAKE_WRITER_MAX_ATTEMPTS", default_value_t = 3)]
         max_attempts: u32,
-        /// Hours an applied message id is remembered (at least the requests topic's retention).
-        #[arg(long, env = "INTAKE_REMEMBER_APPLIED_HOURS", default_value_t = 168)]
-        remember_applied_hours: u64,
+        /// How long applied message ids are kept beyond the last moment a message can be read
+        /// from the requests topic (its retention.ms + segment.ms, read from Kafka), and erasure
+        /// tombstones beyond that of the requests and dead-letter topics.
+        #[arg(long, env = "INTAKE_RETENTION_MARGIN_MS", default_value_t = 3_600_000)]
+        retention_margin_ms: u64,
         /// Address of /healthz, /readyz and /metrics.
         #[arg(long, env = "INTAKE_WRITER_OPS_LISTEN", default_value = "127.0.0.1:8091")]
         ops_listen: std::net::SocketAddr,
@@ -96,10 +100,11 @@ enum Command {
         #[arg(long, env = "INTAKE_WRITER_SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
         shutdown_timeout_ms: u64,
     },
-    /// Creates the requests, replies and dead-letter topics. An existing requests topic with
-    /// fewer partitions than --request-partitions is grown, only when that cannot reorder a
-    /// workspace's messages: the writers' group has applied everything and nothing was written
-    /// for --quiet-ms (deploy/RUNBOOK.md, "More partitions").
+    /// Creates the requests, replies and dead-letter topics, and sets the retentions below on
+    /// those that exist. An existing requests topic with fewer partitions than
+    /// --request-partitions is grown, only when that cannot reorder a workspace's messages: the
+    /// writers' group has applied everything and nothing was written for --quiet-ms
+    /// (deploy/RUNBOOK.md, "More partitions").
     Topics {
         #[command(flatten)]
         kafka: KafkaArgs,
@@ -119,8 +124,13 @@ enum Command {
         /// Default: 2 at replication 3 or more, else 1.
         #[arg(long, env = "INTAKE_TOPIC_MIN_INSYNC_REPLICAS")]
         min_insync_replicas: Option<i32>,
-        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000)]
+        /// Of the requests and replies topics; also how long the writer remembers applied
+        /// message ids (this plus the segment length and --retention-margin-ms).
+        #[arg(long, env = "INTAKE_TOPIC_RETENTION_MS", default_value_t = 86_400_000, value_parser = clap::value_parser!(i64).range(10_000..))]
         retention_ms: i64,
+        /// Of the dead-letter topic (default 14 days).
+        #[arg(long, env = "INTAKE_DLQ_RETENTION_MS", default_value_t = 1_209_600_000, value_parser = clap::value_parser!(i64).range(10_000..))]
+        dlq_retention_ms: i64,
     },
     /// The dead-letter topic.
     Dlq {
@@ -296,7 +306,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             kafka,
             group_id,
             max_attempts,
-            remember_applied_hours,
+            retention_margin_ms,
             ops_listen,
             stall_timeout_ms,
             apply_lanes,
@@ -326,7 +336,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let settings = consume::Settings {
                 kafka,
                 group_id,
-                remember_applied: Duration::from_secs(remember_applied_hours * 3600),
+                remember_applied: Duration::from_millis(retention_margin_ms),
                 policy: retry::Policy {
                     max_attempts,
                     first_backoff: Duration::from_millis(50),
@@ -348,6 +358,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             replication,
             min_insync_replicas,
             retention_ms,
+            dlq_retention_ms,
         } => {
             let counts = topics::TopicCounts {
                 request_partitions,
@@ -355,6 +366,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 replication,
                 min_insync_replicas,
                 retention_ms,
+                dlq_retention_ms,
             };
             let mut output = topics::create_topics(&kafka, &counts).await?;
             let growth = partitions::Growth {

@@ -5,7 +5,10 @@
 //! has at hand share one transaction; the chunks of one workspace among them are planned as one
 //! run of items, in order, so 16 single sends cost the statements of one.
 
+use crate::erase::Tombstones;
+use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
+use intake_common::conversion::Conversion;
 use intake_common::message::{ItemResult, RequestPart, WriteRequestV1};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
@@ -187,9 +190,18 @@ async fn apply_workspace(
         .collect();
     let mut fresh_results = HashMap::new();
     if !fresh.is_empty() {
-        let items: Vec<plan::Item<'_>> = fresh
+        let sent: Vec<(&Conversion, i64)> =
+            fresh.iter().flat_map(|r| r.items.iter().map(|c| (c, r.received_at_ms))).collect();
+        // Items sent before an erasure that covers them are stored as it left the person's data.
+        let tombstones = Tombstones::load(tx, workspace_id, fresh.iter().map(|r| r.received_at_ms)).await?;
+        let cleared: Vec<Option<Conversion>> = sent.iter().map(|&(c, at)| tombstones.clear(c, at)).collect();
+        let items: Vec<plan::Item<'_>> = sent
             .iter()
-            .flat_map(|r| r.items.iter().map(|conversion| plan::Item { conversion, received_at_ms: r.received_at_ms }))
+            .zip(&cleared)
+            .map(|(&(conversion, received_at_ms), cleared)| plan::Item {
+                conversion: cleared.as_ref().unwrap_or(conversion),
+                received_at_ms,
+            })
             .collect();
         let related = fetch_related(tx, workspace_id, &items).await?;
         let plan = plan::plan_chunk(&items, related);
@@ -409,7 +421,8 @@ const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 
 /// Recomputes the visit matches of the written conversions: by the 16-character visitor id,
 /// by click id, and by contact id against the visit's recipient id; visits at or before
-/// `occurred_at` and within 90 days of it. Two statements per chunk.
+/// `occurred_at` and within 90 days of it. Two statements per chunk; each lookup of the second
+/// is answered by an index of `visits` (see [`lookups::MATCH_VISITS`]).
 async fn match_visits(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
@@ -431,29 +444,14 @@ async fn match_visits(
     if matchable.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
-         SELECT c.id, v.id, m.matched_by
-           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int8[])
-                  AS c(id, visitor_id, click_id, contact_id, occurred_at_ms)
-           CROSS JOIN LATERAL (VALUES ('visitor_id', left(c.visitor_id, 16)), ('click_id', c.click_id),
-                                      ('contact_id', c.contact_id)) AS m(matched_by, value)
-           JOIN visits v ON v.workspace_id = $1
-                        AND v.visited_at <= 'epoch'::timestamptz + c.occurred_at_ms * interval '1 millisecond'
-                        AND v.visited_at >= 'epoch'::timestamptz + c.occurred_at_ms * interval '1 millisecond' - interval '90 days'
-                        AND ((m.matched_by = 'visitor_id' AND v.visitor_id = m.value)
-                          OR (m.matched_by = 'click_id' AND v.click_id = m.value)
-                          OR (m.matched_by = 'contact_id' AND v.recipient_id = m.value))
-          WHERE m.value IS NOT NULL
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(workspace_id)
-    .bind(matchable.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
-    .bind(matchable.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
-    .bind(matchable.iter().map(|r| r.fields.click_id.as_deref()).collect::<Vec<_>>())
-    .bind(matchable.iter().map(|r| r.fields.contact_id.as_deref()).collect::<Vec<_>>())
-    .bind(matchable.iter().map(|r| r.fields.occurred_at_ms).collect::<Vec<_>>())
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(lookups::MATCH_VISITS)
+        .bind(workspace_id)
+        .bind(matchable.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+        .bind(matchable.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
+        .bind(matchable.iter().map(|r| r.fields.click_id.as_deref()).collect::<Vec<_>>())
+        .bind(matchable.iter().map(|r| r.fields.contact_id.as_deref()).collect::<Vec<_>>())
+        .bind(matchable.iter().map(|r| r.fields.occurred_at_ms).collect::<Vec<_>>())
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }

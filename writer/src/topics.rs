@@ -1,9 +1,11 @@
 //! Creates the three topics through the plain Kafka protocol (CreateTopics), so the same command
-//! serves the one broker of a laptop and any Kafka cluster in production.
+//! serves the one broker of a laptop and any Kafka cluster in production, and sets the settings
+//! below on topics that exist already (AlterConfigs): running the command again applies changed
+//! retentions. Partition counts of existing topics are left alone.
 
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use serde_json::{json, Value};
@@ -16,24 +18,58 @@ pub struct TopicCounts {
     /// In-sync replicas an `acks=all` write needs; default 2 at replication 3 or more, so an
     /// acknowledged write survives the loss of one broker and writes go on while one is down.
     pub min_insync_replicas: Option<i32>,
-    /// Short, so that erased data does not outlive an erasure in Kafka (docs/architecture.md, "Retention").
+    /// Of the requests and replies topics. Short, so that erased data does not outlive an
+    /// erasure in Kafka (docs/architecture.md, "Retention"); it also sets how long applied message ids are kept
+    /// (writer/src/retention.rs), which reads it back from the topic.
     pub retention_ms: i64,
+    /// Of the dead-letter topic: long enough for an incident over a weekend to find its letters.
+    pub dlq_retention_ms: i64,
+}
+
+/// A topic's segment length: Kafka deletes whole closed segments, so a message stays readable
+/// up to `retention.ms + segment.ms`; a segment of a quarter of the retention (at most an hour,
+/// at least ten seconds) keeps that overshoot small. The default of seven days would keep a
+/// message of a 24-hour topic for eight.
+pub fn segment_ms(retention_ms: i64) -> i64 {
+    (retention_ms / 4).clamp(10_000, 3_600_000)
+}
+
+/// Every setting the command manages, per topic. AlterConfigs replaces a topic's whole set of
+/// dynamic settings, so this is the complete map, the same for a new and an existing topic.
+fn settings(kafka: &KafkaArgs, counts: &TopicCounts) -> Vec<(String, Vec<(&'static str, String)>)> {
+    let min_insync = counts.min_insync_replicas.unwrap_or(if counts.replication >= 3 { 2 } else { 1 }).to_string();
+    let common = |retention_ms: i64| {
+        vec![
+            ("retention.ms", retention_ms.to_string()),
+            ("segment.ms", segment_ms(retention_ms).to_string()),
+            ("min.insync.replicas", min_insync.clone()),
+        ]
+    };
+    let mut requests = common(counts.retention_ms);
+    // The broker's append time is the time of a request message, not the sender's: a writer
+    // refuses a chunk appended after its deadline (writer/src/expiry.rs).
+    requests.push(("message.timestamp.type", "LogAppendTime".to_owned()));
+    vec![
+        (kafka.requests_topic.clone(), requests),
+        (kafka.replies_topic.clone(), common(counts.retention_ms)),
+        (kafka.dlq_topic.clone(), common(counts.dlq_retention_ms)),
+    ]
 }
 
 pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::Result<Value> {
     let admin: AdminClient<DefaultClientContext> = kafka::admin(kafka).create()?;
-    let retention = counts.retention_ms.to_string();
-    let min_insync = counts.min_insync_replicas.unwrap_or(if counts.replication >= 3 { 2 } else { 1 }).to_string();
-    let replication = || TopicReplication::Fixed(counts.replication);
-    let topics = [
-        // The broker's append time, against which a writer refuses a chunk that arrived after its
-        // deadline (writer/src/expiry.rs).
-        NewTopic::new(&kafka.requests_topic, counts.request_partitions, replication())
-            .set("message.timestamp.type", "LogAppendTime"),
-        NewTopic::new(&kafka.replies_topic, counts.reply_partitions, replication()),
-        NewTopic::new(&kafka.dlq_topic, 1, replication()),
-    ]
-    .map(|topic| topic.set("retention.ms", &retention).set("min.insync.replicas", &min_insync));
+    let settings = settings(kafka, counts);
+    let partitions = [counts.request_partitions, counts.reply_partitions, 1];
+    let topics: Vec<NewTopic<'_>> = settings
+        .iter()
+        .zip(partitions)
+        .map(|((name, entries), partitions)| {
+            entries.iter().fold(
+                NewTopic::new(name, partitions, TopicReplication::Fixed(counts.replication)),
+                |topic, (key, value)| topic.set(key, value),
+            )
+        })
+        .collect();
     let options = AdminOptions::new()
         .request_timeout(Some(Duration::from_secs(30)))
         .operation_timeout(Some(Duration::from_secs(30)));
@@ -68,7 +104,24 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
     }
     let names: Vec<&str> = topics.iter().map(|t| t.name).collect();
     wait_until_led(&admin, &names).await?;
-    Ok(json!({ "created": created, "existing": existing }))
+    // Existing topics get the settings of this run: a changed retention takes effect.
+    let alter: Vec<AlterConfig<'_>> = settings
+        .iter()
+        .filter(|(name, _)| existing.contains(name))
+        .map(|(name, entries)| {
+            entries
+                .iter()
+                .fold(AlterConfig::new(ResourceSpecifier::Topic(name)), |alter, (key, value)| alter.set(key, value))
+        })
+        .collect();
+    if !alter.is_empty() {
+        for result in admin.alter_configs(&alter, &options).await? {
+            if let Err((resource, code)) = result {
+                anyhow::bail!("setting the configuration of {resource:?}: {code}");
+            }
+        }
+    }
+    Ok(json!({ "created": created, "existing": existing, "configured": existing }))
 }
 
 /// Kafka answers CreateTopics once the controller knows the topics; a broker may learn of them a

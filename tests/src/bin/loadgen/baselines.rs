@@ -139,11 +139,58 @@ pub async fn pg_upsert(
     // indexes; never foreign keys.
     sqlx::query(&format!("DROP TABLE IF EXISTS {PG_UPSERT_TABLE}")).execute(db).await?;
     sqlx::query(&format!("CREATE TABLE {PG_UPSERT_TABLE} (LIKE conversions INCLUDING ALL)")).execute(db).await?;
+    let measured = pgbench(database_url, PG_UPSERT_SCRIPT, roles, duration, clients, dir).await;
+    sqlx::query(&format!("DROP TABLE IF EXISTS {PG_UPSERT_TABLE}")).execute(db).await?;
+    measured
+}
+
+/// The same upsert at size: into the preloaded `conversions` itself (its indexes as deep as the
+/// data), on workspaces of its own (`ws_pgu_*`, see sized.rs), with the chain rows the foreign
+/// key needs, as the writer inserts them.
+const PG_UPSERT_PRELOADED_SCRIPT: &str = r#"\set w random(0, 49)
+WITH generated AS (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g),
+     chains AS (INSERT INTO chains (id, workspace_id) SELECT 'chn_' || u, 'ws_pgu_' || :w FROM generated)
+INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
+                         visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
+                         country, value, currency, tags)
+SELECT 'cnv_' || u, 'ws_pgu_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
+       CASE WHEN g % 3 = 1 THEN lag(u) OVER (ORDER BY g) END, now() - interval '1 minute',
+       'v' || left(md5(u), 15), left(md5(u || 'c'), 12), 'contact-' || u,
+       md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
+       'US', 129.90, 'USD', '{"plan": "pro"}'
+  FROM generated
+ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
+       chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
+       occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
+       contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
+       phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
+       country = excluded.country, value = excluded.value, currency = excluded.currency,
+       hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now();
+"#;
+
+pub async fn pg_upsert_into_preloaded(
+    database_url: &str,
+    roles: &Roles,
+    duration: Duration,
+    clients: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
+    pgbench(database_url, PG_UPSERT_PRELOADED_SCRIPT, roles, duration, clients, dir).await
+}
+
+async fn pgbench(
+    database_url: &str,
+    script_text: &str,
+    roles: &Roles,
+    duration: Duration,
+    clients: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
     let logs = dir.join("pgbench");
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs)?;
     let script = logs.join("upsert.sql");
-    std::fs::write(&script, PG_UPSERT_SCRIPT)?;
+    std::fs::write(&script, script_text)?;
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let output = tokio::process::Command::new("pgbench")
         .args(["--no-vacuum", "--client", &clients.to_string(), "--jobs", &clients.to_string()])
@@ -155,7 +202,6 @@ pub async fn pg_upsert(
         .stdin(std::process::Stdio::null())
         .output()
         .await?;
-    sqlx::query(&format!("DROP TABLE IF EXISTS {PG_UPSERT_TABLE}")).execute(db).await?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     anyhow::ensure!(output.status.success(), "pgbench: {stdout}{}", String::from_utf8_lossy(&output.stderr));
     let failed: u64 = stdout

@@ -28,6 +28,11 @@ impl Generator {
         format!("{}-{n}", self.run)
     }
 
+    /// The external id of item `n`, for a check that it was stored.
+    pub fn external_id_of(&self, n: u64) -> String {
+        self.external_id(n)
+    }
+
     /// Item `n`; `parent` is the number of its parent, if it has one. Written as text: building
     /// a `serde_json::Value` per item would cost the generator more than the gateway's parse.
     fn item(&self, out: &mut String, n: u64, parent: Option<u64>) {

@@ -16,9 +16,14 @@ mod bodies;
 mod client;
 mod machine;
 mod measure;
+mod plot;
 mod profile;
+mod quota;
 mod report;
+mod sized;
+mod soak;
 mod stages;
+mod wrk;
 
 use bodies::{Generator, BATCH_ITEMS};
 use client::Planned;
@@ -49,6 +54,9 @@ pub struct Config {
     batch_clients: usize,
     single_clients: usize,
     reject_clients: usize,
+    /// INTAKE_BENCH_REJECT_TOOL: `wrk` (default, when installed) measures reject_401 and
+    /// reject_422 with wrk; `loadgen` with this program's own client.
+    reject_tool: String,
     /// INTAKE_BENCH_RATE: requests a second of single_200rps.
     rate: f64,
     /// INTAKE_BENCH_DIRECT_CONCURRENCY: batches direct_apply applies at a time; by default a
@@ -64,6 +72,12 @@ pub struct Config {
     scale: bool,
     /// INTAKE_BENCH_OUT: where report.json, report.md and profile/ go.
     out_dir: PathBuf,
+    /// INTAKE_BENCH_SIZES: stored conversions of the runs at size, comma-separated ("" or "0":
+    /// none); INTAKE_BENCH_KEEP_SIZED=1 keeps their database (INTAKE_BENCH_SIZED_DATABASE,
+    /// default intake_bench_sized) afterwards.
+    sizes: Vec<u64>,
+    keep_sized: bool,
+    sized_database: String,
 }
 
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -81,6 +95,7 @@ impl Config {
             batch_clients: setting("INTAKE_BENCH_BATCH_CLIENTS", 16),
             single_clients: setting("INTAKE_BENCH_SINGLE_CLIENTS", 32),
             reject_clients: setting("INTAKE_BENCH_REJECT_CLIENTS", 16),
+            reject_tool: setting("INTAKE_BENCH_REJECT_TOOL", "wrk".to_owned()),
             rate: setting("INTAKE_BENCH_RATE", 200.0),
             direct_concurrency: setting("INTAKE_BENCH_DIRECT_CONCURRENCY", report::writer_lanes()),
             direct_batches: setting("INTAKE_BENCH_DIRECT_BATCHES", 100),
@@ -88,6 +103,18 @@ impl Config {
             profile_seconds: setting("INTAKE_BENCH_PROFILE_SECONDS", 10),
             scale: setting("INTAKE_BENCH_SCALE", 1u8) != 0,
             out_dir: PathBuf::from(setting("INTAKE_BENCH_OUT", "bench".to_owned())),
+            sizes: {
+                let mut sizes: Vec<u64> = setting("INTAKE_BENCH_SIZES", "1000000,10000000".to_owned())
+                    .split(',')
+                    .filter_map(|s| s.trim().replace('_', "").parse().ok())
+                    .filter(|&s| s > 0)
+                    .collect();
+                sizes.sort_unstable();
+                sizes.dedup();
+                sizes
+            },
+            keep_sized: setting("INTAKE_BENCH_KEEP_SIZED", 0u8) != 0,
+            sized_database: setting("INTAKE_BENCH_SIZED_DATABASE", "intake_bench_sized".to_owned()),
         }
     }
 }
@@ -111,6 +138,7 @@ async fn main() {
     }
     let outcome = match args.first().map(String::as_str) {
         Some("singles") => singles(Config::from_env(), &args[1..]).await,
+        Some("soak") => soak::run().await,
         _ => run(Config::from_env()).await,
     };
     if let Err(error) = outcome {
@@ -136,7 +164,13 @@ fn say(message: &str) {
 }
 
 async fn start_stack(gateways: usize, writers: usize) -> Stack {
+    start_stack_on(gateways, writers, None).await
+}
+
+/// A stack on a database other than DATABASE_URL's (the runs at size).
+async fn start_stack_on(gateways: usize, writers: usize, database_url: Option<String>) -> Stack {
     Stack::start_with(StackOptions {
+        database_url,
         // Limits out of the way: the benchmark measures the write path, not the limiter's refusals.
         requests_per_minute: 1_000_000_000,
         conversions_per_minute: 1_000_000_000,
@@ -351,14 +385,48 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let cores = cores.await.unwrap_or_default();
     scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
 
+    // The reject paths by wrk when it is there: this client would be the bottleneck.
+    let use_wrk = config.reject_tool == "wrk" && wrk::available();
+    let (valid_body, invalid_body) = (Generator::new("reject").single(0, 0), bodies::invalid_single());
+    let key_header = keys[0].bearer();
+    let wrk_requests = [
+        (
+            "reject_401",
+            wrk::Request {
+                path: "/v1/conversions",
+                authorization: bodies::UNKNOWN_KEY,
+                body: &valid_body,
+                status: 401,
+            },
+        ),
+        (
+            "reject_422",
+            wrk::Request { path: "/v1/conversions", authorization: &key_header, body: &invalid_body, status: 422 },
+        ),
+    ];
     for (name, plan) in [
         ("reject_401", plans.reject_401()),
         ("reject_422", plans.reject_422()),
         ("workspace_read", plans.workspace_read()),
     ] {
-        say(&format!("{name}: {} clients", config.reject_clients));
-        let mut scenario = closed(&stack, &roles, config.reject_clients, duration, Counted::Requests, plan).await;
-        scenario.writer = None;
+        let by_wrk = wrk_requests.iter().find(|(n, _)| *n == name).filter(|_| use_wrk);
+        let scenario = match by_wrk {
+            Some((_, request)) => {
+                say(&format!("{name}: wrk, {} connections", config.reject_clients * 4));
+                let cores = tokio::spawn(roles.clone().cores_during(duration));
+                let measured =
+                    wrk::measure(&stack.base_url, request, config.reject_clients * 4, duration, &config.out_dir)
+                        .await?;
+                Scenario { measured, counted: Counted::Requests, cores: cores.await.unwrap_or_default(), writer: None }
+            }
+            None => {
+                say(&format!("{name}: {} clients", config.reject_clients));
+                let mut scenario =
+                    closed(&stack, &roles, config.reject_clients, duration, Counted::Requests, plan).await;
+                scenario.writer = None;
+                scenario
+            }
+        };
         scenarios.push((name, scenario));
     }
 
@@ -387,28 +455,46 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let mut scale = Vec::new();
+    let (mut scale_writers, mut scale_gateways) = (Value::Null, Value::Null);
     if config.scale {
         let main_ingest = &scenarios[0].1;
         scale.push(scale_row(config.gateways, config.writers, main_ingest));
         drop(stack);
-        for (gateways, writers) in [(1, 1), (1, 2), (2, 1), (2, 2)] {
-            if (gateways, writers) == (config.gateways, config.writers) {
-                continue;
+        let direct = scenarios.iter().find(|(n, _)| *n == "direct_apply").map(|(_, s)| s.measured.rate(Counted::Items));
+        match quota::Cgroups::detect() {
+            Some(cgroups) => {
+                let ingest = main_ingest.measured.rate(Counted::Items).max(1.0);
+                // CPU a tier spends per item, from the main batch_ingest; the quota lets 4 capped
+                // processes together apply at most 80 % of what PostgreSQL takes (direct_apply),
+                // so that the capped tier, not PostgreSQL, bounds every run.
+                let per_item = |role: &str| main_ingest.cores[role].as_f64().unwrap_or(0.5) / ingest;
+                let budget = 0.8 * direct.unwrap_or(ingest) / 4.0;
+                let cap = |role: &str| (budget * per_item(role)).clamp(0.05, 0.45);
+                for (tier, quota) in [("writers", cap("writer")), ("gateways", cap("gateway"))] {
+                    let rows = scale_capped(&config, &plans, &infrastructure, &cgroups, tier, quota).await;
+                    let value = scale_summary(&cgroups, tier, quota, rows);
+                    if tier == "writers" {
+                        scale_writers = value;
+                    } else {
+                        scale_gateways = value;
+                    }
+                }
             }
-            say(&format!("scale: batch_ingest with {gateways} gateway(s) and {writers} writer(s)"));
-            let stack = start_stack(gateways, writers).await;
-            let roles = roles_of(&stack, &infrastructure);
-            warm_up(&stack, &plans, config.warmup_seconds).await;
-            let plan = plans.batch_ingest(
-                config.batch_clients,
-                Arc::new(Generator::new("scale")),
-                Arc::new(Mutex::new(Vec::new())),
-            );
-            let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
-            scale.push(scale_row(gateways, writers, &scenario));
+            None => {
+                let reason =
+                    "no writable cgroup CPU controller (v1 /sys/fs/cgroup/cpu, v2 cpu.max): no capped scale runs";
+                say(reason);
+                scale_writers = json!({ "skipped": reason });
+                scale_gateways = json!({ "skipped": reason });
+            }
         }
-        scale.sort_by_key(|row| (row["gateways"].as_u64(), row["writers"].as_u64()));
     }
+
+    let sized = if config.sizes.is_empty() {
+        Vec::new()
+    } else {
+        at_size(&config, &db, &database_url, &infrastructure, &mut scenarios).await?
+    };
 
     let run = report::Run {
         config: &config,
@@ -421,13 +507,64 @@ async fn run(config: Config) -> anyhow::Result<()> {
         gateway_peak_rss_mib,
         writer_peak_rss_mib,
         scale,
+        scale_writers,
+        scale_gateways,
         profiles,
+        sized,
     };
     let (json, markdown) = report::render(&run);
     std::fs::write(config.out_dir.join("report.json"), format!("{json:#}\n"))?;
     std::fs::write(config.out_dir.join("report.md"), markdown)?;
+    if !run.sized.is_empty() {
+        plot::draw(&json, &run.sized, &config.out_dir.join("throughput_by_size.svg"))?;
+    }
     say(&format!("wrote {}/report.json and report.md", config.out_dir.display()));
     Ok(())
+}
+
+/// The runs at size (sized.rs): their scenarios join the others; returns per size the load and
+/// the erasure. The database is dropped afterwards unless asked to keep it.
+async fn at_size(
+    config: &Config,
+    db: &sqlx::PgPool,
+    database_url: &str,
+    infrastructure: &Roles,
+    scenarios: &mut Vec<(&'static str, Scenario)>,
+) -> anyhow::Result<Vec<Value>> {
+    let (server, _) = database_url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
+    let name = &config.sized_database;
+    say(&format!("runs at size {:?}: database {name}", config.sizes));
+    let mut preloaded = sized::Preloaded::create(db, server, name, &intake_tests::env("INTAKE_BIN_DIR")).await?;
+    let mut rows = Vec::new();
+    let mut outcome = Ok(());
+    for &size in &config.sizes {
+        say(&format!("loading to {size} conversions (COPY, indexes after)"));
+        let load = match preloaded.grow_to(size).await {
+            Ok(load) => load,
+            Err(error) => {
+                outcome = Err(error);
+                break;
+            }
+        };
+        say(&format!("loaded: {load}"));
+        match sized::scenarios_at(config, &preloaded, infrastructure, size).await {
+            Ok((measured, erase)) => {
+                scenarios.extend(measured);
+                rows.push(json!({ "size": size, "label": sized::label(size), "load": load, "erase": erase }));
+            }
+            Err(error) => {
+                outcome = Err(error);
+                break;
+            }
+        }
+    }
+    preloaded.db.close().await;
+    if config.keep_sized {
+        say(&format!("kept the database {name} (INTAKE_BENCH_KEEP_SIZED)"));
+    } else {
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(db).await?;
+    }
+    outcome.map(|()| rows)
 }
 
 /// Single sends, closed loop, at each number of clients: a markdown table on stdout.
@@ -448,6 +585,91 @@ async fn singles(config: Config, clients: &[String]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// batch_ingest with 1, 2 and 4 of the tier (`writers` or `gateways`), each process of the
+/// tier capped at `quota` cores; one of the other tier, uncapped.
+async fn scale_capped(
+    config: &Config,
+    plans: &Plans,
+    infrastructure: &Roles,
+    cgroups: &quota::Cgroups,
+    tier: &str,
+    quota: f64,
+) -> Vec<Value> {
+    let duration = Duration::from_secs(config.seconds);
+    let mut rows = Vec::new();
+    for n in [1usize, 2, 4] {
+        let (gateways, writers) = if tier == "writers" { (1, n) } else { (n, 1) };
+        say(&format!("scale_{tier}: {n}, each capped at {quota:.2} cores"));
+        let stack = start_stack(gateways, writers).await;
+        let (gateway_pids, writer_pids) = stack.pids();
+        let capped = if tier == "writers" { writer_pids } else { gateway_pids };
+        let groups: Vec<quota::Group> = capped
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &pid)| match cgroups.cap(&format!("intake-bench-{tier}-{i}"), quota, pid) {
+                Ok(group) => Some(group),
+                Err(error) => {
+                    say(&format!("could not cap {pid}: {error}"));
+                    None
+                }
+            })
+            .collect();
+        let roles = roles_of(&stack, infrastructure);
+        warm_up(&stack, plans, config.warmup_seconds).await;
+        let per_process: Vec<_> = capped
+            .iter()
+            .map(|&pid| {
+                let only =
+                    Roles { gateways: vec![pid], writers: Vec::new(), postmaster: None, kafka: None, redis: None };
+                tokio::spawn(only.cores_during(duration))
+            })
+            .collect();
+        let plan = plans.batch_ingest(
+            config.batch_clients,
+            Arc::new(Generator::new("scale")),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let scenario = closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await;
+        let mut cores = Vec::new();
+        for handle in per_process {
+            cores.push(handle.await.unwrap_or_default()["gateway"].as_f64().unwrap_or(0.0));
+        }
+        rows.push(json!({
+            "processes": n,
+            "batch_ingest": scenario.measured.to_json(Counted::Items),
+            "capped_process_cores": cores,
+            "throttled_periods": groups.iter().map(quota::Group::throttled_periods).collect::<Vec<_>>(),
+            "cores": scenario.cores,
+        }));
+        drop(stack);
+        drop(groups);
+    }
+    rows
+}
+
+fn scale_summary(cgroups: &quota::Cgroups, tier: &str, quota: f64, rows: Vec<Value>) -> Value {
+    let rate = |n: u64| {
+        rows.iter()
+            .find(|r| r["processes"].as_u64() == Some(n))
+            .and_then(|r| r["batch_ingest"]["items_per_s"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let factor = |n| if rate(1) > 0.0 { measure::round2(rate(n) / rate(1)) } else { 0.0 };
+    let throttled = rows.iter().all(|r| {
+        r["capped_process_cores"].as_array().is_some_and(|c| c.iter().all(|v| v.as_f64().unwrap_or(0.0) <= quota * 1.1))
+    });
+    json!({
+        "tier": tier,
+        "cgroup": cgroups.version(),
+        "quota_cores_per_process": measure::round2(quota),
+        "items_per_s": { "1": rate(1), "2": rate(2), "4": rate(4) },
+        "factor_2": factor(2),
+        "factor_4": factor(4),
+        "every_capped_process_within_its_quota": throttled,
+        "runs": rows,
+    })
 }
 
 fn scale_row(gateways: usize, writers: usize, scenario: &Scenario) -> Value {

@@ -18,7 +18,12 @@ pub struct Run<'a> {
     pub gateway_peak_rss_mib: f64,
     pub writer_peak_rss_mib: f64,
     pub scale: Vec<Value>,
+    /// batch_ingest with 1, 2, 4 writers / gateways under a CPU quota each (quota.rs).
+    pub scale_writers: Value,
+    pub scale_gateways: Value,
     pub profiles: Value,
+    /// Per size of the runs at size: the load and the erasure (sized.rs).
+    pub sized: Vec<Value>,
 }
 
 fn describe(name: &str, config: &Config) -> String {
@@ -39,6 +44,7 @@ fn describe(name: &str, config: &Config) -> String {
     }
 }
 
+#[derive(Clone)]
 struct Target {
     name: &'static str,
     measured: f64,
@@ -176,6 +182,45 @@ pub fn render(run: &Run) -> (Value, String) {
             scenario: "batch_ingest",
         },
     ];
+    let mut targets = targets.to_vec();
+    // At the largest size: the targets of the runs at size.
+    if let Some(largest) = run.sized.last() {
+        let label = largest["label"].as_str().unwrap_or("").to_owned();
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let (ingest_l, pg_l) = (rate(&format!("batch_ingest_{label}")), rate(&format!("pg_upsert_{label}")));
+        targets.push(Target {
+            name: leak(format!("batch_ingest_{label} / pg_upsert_{label}")),
+            measured: ratio(ingest_l, pg_l),
+            limit: 0.8,
+            at_least: true,
+            unit: "",
+            scenario: leak(format!("batch_ingest_{label}")),
+        });
+        targets.push(Target {
+            name: leak(format!("batch_ingest_{label} / batch_ingest")),
+            measured: ratio(ingest_l, ingest),
+            limit: 0.7,
+            at_least: true,
+            unit: "",
+            scenario: leak(format!("batch_ingest_{label}")),
+        });
+        targets.push(Target {
+            name: leak(format!("single_200rps_{label} p99")),
+            measured: round2(quantile(&format!("single_200rps_{label}"), 0.99)),
+            limit: 25.0,
+            at_least: false,
+            unit: " ms",
+            scenario: leak(format!("single_200rps_{label}")),
+        });
+        targets.push(Target {
+            name: leak(format!("erase_{label} lock held")),
+            measured: field(&largest["erase"], "lock_held_ms"),
+            limit: 1000.0,
+            at_least: false,
+            unit: " ms",
+            scenario: leak(format!("batch_ingest_{label}")),
+        });
+    }
     let targets_json: Vec<Value> = targets
         .iter()
         .map(|t| {
@@ -208,6 +253,18 @@ pub fn render(run: &Run) -> (Value, String) {
             }),
         );
     }
+    let mut ratios = ratios;
+    for row in &run.sized {
+        let label = row["label"].as_str().unwrap_or("");
+        let ingest_l = rate(&format!("batch_ingest_{label}"));
+        ratios[format!("batch_ingest_{label} / pg_upsert_{label}")] =
+            json!(ratio(ingest_l, rate(&format!("pg_upsert_{label}"))));
+        ratios[format!("batch_ingest_{label} / batch_ingest")] = json!(ratio(ingest_l, ingest));
+        ratios[format!("batch_ingest_{label} / direct_apply_{label}")] =
+            json!(ratio(ingest_l, rate(&format!("direct_apply_{label}"))));
+        report.insert(format!("erase_{label}"), row["erase"].clone());
+    }
+    report.insert("sized".into(), json!(run.sized));
     report.insert("ratios".into(), ratios.clone());
     report.insert("gateway_peak_rss_mib".into(), json!(run.gateway_peak_rss_mib));
     report.insert("writer_peak_rss_mib".into(), json!(run.writer_peak_rss_mib));
@@ -220,6 +277,8 @@ pub fn render(run: &Run) -> (Value, String) {
     report.insert("config".into(), serde_json::to_value(config).unwrap_or_default());
     report.insert("scenario_details".into(), Value::Object(details));
     report.insert("scale".into(), json!(run.scale));
+    report.insert("scale_writers".into(), run.scale_writers.clone());
+    report.insert("scale_gateways".into(), run.scale_gateways.clone());
     report.insert("profile".into(), run.profiles.clone());
     let report = Value::Object(report);
     (report.clone(), markdown(run, &report, &targets))
@@ -304,6 +363,46 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         let _ = writeln!(md);
     }
 
+    if !run.sized.is_empty() {
+        let _ = writeln!(md, "## At size\n");
+        let _ = writeln!(
+            md,
+            "A database of its own preloaded (COPY, indexes built after) to each size: 1,000 workspaces of Zipf-distributed sizes, one conversion in three with a parent, one visit per conversion; traffic to those workspaces in proportion to their size. The OS caches most of it on this machine: that flatters the larger sizes.\n"
+        );
+        let _ = writeln!(md, "![throughput and p99 against stored conversions](throughput_by_size.svg)\n");
+        let _ = writeln!(md, "| stored conversions | batch_ingest items/s | batch_ingest p99 ms | single_200rps p99 ms | direct_apply items/s | pg_upsert items/s | load s (copy + indexes) | erase ms | lock held ms | same-workspace write max ms |\n|---|---|---|---|---|---|---|---|---|---|");
+        let at = |name: &str, key: &str| report[name][key].clone();
+        let _ = writeln!(
+            md,
+            "| 0 (empty) | {} | {} | {} | {} | {} | | | | |",
+            at("batch_ingest", "items_per_s"),
+            at("batch_ingest", "p99_ms"),
+            at("single_200rps", "p99_ms"),
+            at("direct_apply", "items_per_s"),
+            at("pg_upsert", "items_per_s")
+        );
+        for row in &run.sized {
+            let l = row["label"].as_str().unwrap_or("");
+            let e = &row["erase"];
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} + {} | {} | {} | {} |",
+                row["size"],
+                at(&format!("batch_ingest_{l}"), "items_per_s"),
+                at(&format!("batch_ingest_{l}"), "p99_ms"),
+                at(&format!("single_200rps_{l}"), "p99_ms"),
+                at(&format!("direct_apply_{l}"), "items_per_s"),
+                at(&format!("pg_upsert_{l}"), "items_per_s"),
+                row["load"]["copy_s"],
+                row["load"]["indexes_s"],
+                e["erase_command_ms"],
+                e["lock_held_ms"],
+                e["same_workspace_writes_meanwhile"]["max_ms"]
+            );
+        }
+        let _ = writeln!(md);
+    }
+
     let _ = writeln!(md, "## Scenarios\n");
     for (name, scenario) in &run.scenarios {
         let r = &report[*name];
@@ -349,6 +448,37 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                 b["errors"],
                 row["cores"]["machine busy"],
                 row["writer_stage"]["apply_lanes_busy_per_writer"]
+            );
+        }
+        let _ = writeln!(md);
+    }
+
+    for (title, value) in [("writers", &run.scale_writers), ("gateways", &run.scale_gateways)] {
+        if value.is_null() {
+            continue;
+        }
+        let _ = writeln!(md, "## Scale: 1, 2 and 4 {title}, each under a CPU quota\n");
+        if let Some(skipped) = value.get("skipped") {
+            let _ = writeln!(md, "Skipped: {skipped}\n");
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "Each {} capped at {} cores (cgroup {}); factors ×{} at 2, ×{} at 4 (targets ≥ 1.8 and ≥ 3.2); every capped process within its quota: {}.\n",
+            title.trim_end_matches('s'), value["quota_cores_per_process"], value["cgroup"].as_str().unwrap_or(""),
+            value["factor_2"], value["factor_4"], value["every_capped_process_within_its_quota"]
+        );
+        let _ = writeln!(md, "| {title} | items/s | p99 ms | cores of each capped process | throttled periods | machine busy |\n|---|---|---|---|---|---|");
+        for row in value["runs"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row["processes"],
+                row["batch_ingest"]["items_per_s"],
+                row["batch_ingest"]["p99_ms"],
+                row["capped_process_cores"],
+                row["throttled_periods"],
+                row["cores"]["machine busy"]
             );
         }
         let _ = writeln!(md);

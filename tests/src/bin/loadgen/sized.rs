@@ -1,0 +1,388 @@
+//! The runs at size: a database of their own preloaded to each of the sizes asked for
+//! (INTAKE_BENCH_SIZES, stored conversions, in increasing order: the data grows in place), then
+//! at each size `batch_ingest`, `single_200rps`, `direct_apply` and `pg_upsert` on it, and the
+//! erasure of one person in the largest workspace with the write latency of that workspace
+//! meanwhile.
+//!
+//! The data looks like a year of it: 1,000 workspaces of Zipf-distributed sizes (the largest
+//! holds 13 % of all rows), one conversion in three a purchase whose parent is the lead before
+//! it (same chain), about one visit per conversion, on the visitor id (and click id, contact id)
+//! of its conversion. It is loaded with COPY, foreign-key triggers off, and the secondary indexes
+//! of `conversions` and `visits` dropped before and built once after (faster than maintaining
+//! them row by row); then ANALYZE. The traffic goes to these workspaces in proportion to their
+//! size, the largest included; `pg_upsert` upserts into the same `conversions` on 50 workspaces
+//! of its own. Before each load the free disk of PostgreSQL's data directory is checked.
+
+use crate::baselines;
+use crate::machine::Roles;
+use crate::measure::{closed_loop, open_loop, round1, round2, Counted};
+use crate::{closed, start_stack_on, Plans, Scenario};
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{Stack, TestKey};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const WORKSPACES: usize = 1_000;
+/// Workspaces of pg_upsert, apart from the traffic's.
+pub const UPSERT_WORKSPACES: usize = 50;
+/// Bytes on disk per stored conversion with its visit, chains and every index (measured at 1 M:
+/// about 1.1 kB), with room to spare.
+const BYTES_PER_CONVERSION: u64 = 1_600;
+
+/// "1m", "10m", "50k", "0".
+pub fn label(size: u64) -> String {
+    match size {
+        s if s >= 1_000_000 && s % 1_000_000 == 0 => format!("{}m", s / 1_000_000),
+        s if s >= 1_000 && s % 1_000 == 0 => format!("{}k", s / 1_000),
+        s => s.to_string(),
+    }
+}
+
+/// The rows of workspace i of `WORKSPACES`, for `total` rows in all: in proportion to 1 / (i + 1).
+fn shares(total: u64) -> Vec<u64> {
+    let harmonic: f64 = (1..=WORKSPACES).map(|i| 1.0 / i as f64).sum();
+    let mut counts: Vec<u64> =
+        (0..WORKSPACES).map(|i| (total as f64 / ((i + 1) as f64 * harmonic)).floor() as u64).collect();
+    let short = total - counts.iter().sum::<u64>();
+    counts[0] += short;
+    counts
+}
+
+/// A hex string of `len` characters, a pure function of its inputs (splitmix64).
+fn hex(seed: u64, salt: u64, len: usize) -> String {
+    let mut out = String::with_capacity(len);
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt;
+    while out.len() < len {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let _ = write!(out, "{:016x}", z ^ (z >> 31));
+    }
+    out.truncate(len);
+    out
+}
+
+fn keys_index(workspace_id: &str) -> u64 {
+    workspace_id.trim_start_matches("ws_sized_").parse().unwrap_or(0)
+}
+
+pub fn workspace_id(i: usize) -> String {
+    format!("ws_sized_{i:04}")
+}
+
+/// The preloaded database: its pool, and one key per workspace, weighted: workspace i appears in
+/// `keys` about in proportion to its size (at least once), so that traffic spread evenly over
+/// `keys` goes to the workspaces as their data does.
+pub struct Preloaded {
+    pub url: String,
+    pub db: PgPool,
+    pub keys: Vec<TestKey>,
+    /// Conversions per workspace, as loaded so far.
+    pub loaded: Vec<u64>,
+}
+
+impl Preloaded {
+    /// A fresh database `name` with the schema, the workspaces and their keys.
+    pub async fn create(admin: &PgPool, server: &str, name: &str, bin_dir: &str) -> anyhow::Result<Preloaded> {
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(admin).await?;
+        sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin).await?;
+        let url = format!("{server}/{name}");
+        let status = std::process::Command::new(format!("{bin_dir}/intake-writer"))
+            .arg("migrate")
+            .env("DATABASE_URL", &url)
+            .stdout(std::process::Stdio::null())
+            .status()?;
+        anyhow::ensure!(status.success(), "intake-writer migrate failed on {name}");
+        let db = PgPoolOptions::new().max_connections(4).connect(&url).await?;
+        let ids: Vec<String> = (0..WORKSPACES).map(workspace_id).collect();
+        let upsert_ids: Vec<String> = (0..UPSERT_WORKSPACES).map(|w| format!("ws_pgu_{w}")).collect();
+        sqlx::query(
+            "INSERT INTO workspaces (id, name, project_id)
+             SELECT id, id, 'bench' FROM unnest($1::text[] || $2::text[]) AS id",
+        )
+        .bind(&ids)
+        .bind(&upsert_ids)
+        .execute(&db)
+        .await?;
+        let secrets: Vec<String> =
+            (0..WORKSPACES).map(|i| format!("svc_live_sized{i:04}{}", hex(i as u64, 7, 26))).collect();
+        sqlx::query(
+            "INSERT INTO api_keys (id, workspace_id, secret_sha256, scopes)
+             SELECT 'key_' || ws, ws, sha256(convert_to(secret, 'UTF8')), '{workspace:read,conversions:write}'
+               FROM unnest($1::text[], $2::text[]) AS k(ws, secret)",
+        )
+        .bind(&ids)
+        .bind(&secrets)
+        .execute(&db)
+        .await?;
+        let weights = shares(100 * WORKSPACES as u64);
+        let mut keys = Vec::new();
+        for (i, weight) in weights.iter().enumerate() {
+            for _ in 0..(*weight / 100).max(1) {
+                keys.push(TestKey {
+                    workspace_id: ids[i].clone(),
+                    key_id: format!("key_{}", ids[i]),
+                    secret: secrets[i].clone(),
+                });
+            }
+        }
+        // Each workspace's entries spread over the list (a fixed shuffle), so that consecutive
+        // requests go to different workspaces.
+        keys.sort_by_cached_key(|k| hex(k.secret.len() as u64 ^ keys_index(&k.workspace_id), 9, 16));
+        let mut counter = 0u64;
+        let mut spread: Vec<(String, TestKey)> = keys
+            .into_iter()
+            .map(|k| {
+                counter += 1;
+                (hex(counter, 11, 16), k)
+            })
+            .collect();
+        spread.sort_by(|a, b| a.0.cmp(&b.0));
+        let spread: Vec<TestKey> = spread.into_iter().map(|(_, k)| k).collect();
+        Ok(Preloaded { url, db, keys: spread, loaded: vec![0; WORKSPACES] })
+    }
+
+    /// Grows the data to `total` conversions (and as many visits).
+    pub async fn grow_to(&mut self, total: u64) -> anyhow::Result<Value> {
+        let target = shares(total);
+        let rows: u64 = target.iter().zip(&self.loaded).map(|(t, l)| t.saturating_sub(*l)).sum();
+        check_disk(&self.db, rows).await?;
+        let started = Instant::now();
+        let mut conn = PgConnection::connect(&self.url).await?;
+        // COPY into tables without their secondary indexes, foreign-key triggers off.
+        sqlx::query("SET session_replication_role = replica").execute(&mut conn).await?;
+        let indexes: Vec<(String, String)> = sqlx::query_as(
+            "SELECT indexname::text, indexdef FROM pg_indexes
+              WHERE schemaname = 'public' AND tablename IN ('conversions', 'visits')
+                AND indexname NOT IN (SELECT conname FROM pg_constraint)",
+        )
+        .fetch_all(&mut conn)
+        .await?;
+        for (name, _) in &indexes {
+            sqlx::query(&format!("DROP INDEX {name}")).execute(&mut conn).await?;
+        }
+        let now_s = intake_tests::now_ms() / 1000;
+        for (table, columns) in [
+            ("chains", "id, workspace_id, created_at"),
+            (
+                "conversions",
+                "id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at, visitor_id, click_id, \
+                 contact_id, email_sha256, phone_sha256, country, value, currency",
+            ),
+            ("visits", "workspace_id, visitor_id, click_id, recipient_id, visited_at, page"),
+        ] {
+            let mut copy = conn.copy_in_raw(&format!("COPY {table} ({columns}) FROM STDIN")).await?;
+            let mut buffer = String::with_capacity(1 << 20);
+            for (i, (&want, &have)) in target.iter().zip(&self.loaded).enumerate() {
+                let ws = workspace_id(i);
+                for j in have..want {
+                    row(&mut buffer, table, &ws, i as u64, j, now_s);
+                    if buffer.len() >= 1 << 20 {
+                        copy.send(std::mem::take(&mut buffer).into_bytes()).await?;
+                        buffer.reserve(1 << 20);
+                    }
+                }
+            }
+            if !buffer.is_empty() {
+                copy.send(buffer.into_bytes()).await?;
+            }
+            copy.finish().await?;
+        }
+        let loaded_s = started.elapsed().as_secs_f64();
+        for (_, definition) in &indexes {
+            sqlx::query(definition).execute(&mut conn).await?;
+        }
+        let indexed_s = started.elapsed().as_secs_f64() - loaded_s;
+        sqlx::query("ANALYZE").execute(&mut conn).await?;
+        conn.close().await?;
+        self.loaded = target;
+        let bytes: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())").fetch_one(&self.db).await?;
+        Ok(json!({
+            "conversions": total,
+            "rows_added": rows,
+            "largest_workspace": self.loaded[0],
+            "copy_s": round1(loaded_s),
+            "indexes_s": round1(indexed_s),
+            "total_s": round1(started.elapsed().as_secs_f64()),
+            "database_gib": round2(bytes as f64 / (1u64 << 30) as f64),
+        }))
+    }
+}
+
+/// One COPY line (text format) of `table` for conversion `j` of workspace `i`.
+fn row(out: &mut String, table: &str, ws: &str, i: u64, j: u64, now_s: i64) {
+    let chain = if j % 3 == 2 { j - 1 } else { j };
+    // Spread over the last year, oldest first.
+    let at = now_s - 365 * 86_400 + i64::try_from((j * 7_919) % (365 * 86_400)).unwrap_or(0);
+    let visitor = hex(i * 1_000_003 + j, 1, 16);
+    match table {
+        "chains" => {
+            if j % 3 != 2 {
+                let _ = writeln!(out, "chn_s{i}_{j}\t{ws}\t2025-01-01 00:00:00+00");
+            }
+        }
+        "conversions" => {
+            let (event, parent) =
+                if j % 3 == 2 { ("purchase", format!("ext-{}", j - 1)) } else { ("lead", "\\N".to_owned()) };
+            let click = if j.is_multiple_of(4) { hex(i * 31 + j, 2, 12) } else { "\\N".to_owned() };
+            let contact = if j.is_multiple_of(5) { format!("contact-{i}-{j}") } else { "\\N".to_owned() };
+            let phone = if j.is_multiple_of(2) { hex(i * 17 + j, 4, 64) } else { "\\N".to_owned() };
+            let _ = writeln!(
+                out,
+                "cnv_s{i}_{j}\t{ws}\t{event}\text-{j}\t{parent}\tchn_s{i}_{chain}\t{at}\t{visitor}.1700000000\t{click}\t\
+                 {contact}\t{email}\t{phone}\tUS\t129.90\tUSD",
+                at = timestamp(at),
+                email = hex(i * 13 + j, 3, 64),
+            );
+        }
+        _ => {
+            let click = if j.is_multiple_of(4) { hex(i * 31 + j, 2, 12) } else { "\\N".to_owned() };
+            let recipient = if j.is_multiple_of(5) { format!("contact-{i}-{j}") } else { "\\N".to_owned() };
+            let _ = writeln!(out, "{ws}\t{visitor}\t{click}\t{recipient}\t{}\t/pricing", timestamp(at - 3_600));
+        }
+    }
+}
+
+fn timestamp(epoch_s: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(epoch_s)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "2025-01-01T00:00:00Z".to_owned())
+}
+
+/// Refuses to load `rows` conversions when PostgreSQL's data directory has not room for them.
+async fn check_disk(db: &PgPool, rows: u64) -> anyhow::Result<()> {
+    let directory: String = sqlx::query_scalar("SELECT current_setting('data_directory')").fetch_one(db).await?;
+    let output = std::process::Command::new("df").args(["--output=avail", "-B1", &directory]).output()?;
+    let free: u64 =
+        String::from_utf8_lossy(&output.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).unwrap_or(0);
+    let needed = rows * BYTES_PER_CONVERSION;
+    anyhow::ensure!(
+        free > needed + (2 << 30),
+        "{rows} conversions need about {:.1} GiB and 2 GiB to spare; {directory} has {:.1} GiB free",
+        needed as f64 / (1u64 << 30) as f64,
+        free as f64 / (1u64 << 30) as f64
+    );
+    Ok(())
+}
+
+/// Erases one person (five conversions of the largest workspace with one email address, and
+/// their visits) while two clients write to that workspace: the erasure's time, the lock it
+/// held (its own log line), and the writes' latency meanwhile.
+pub async fn erase_in_largest(stack: &Stack, preloaded: &Preloaded) -> anyhow::Result<Value> {
+    let email = "erase.me@example.com";
+    let hash = intake_common::normalize::email_hash(email).ok_or_else(|| anyhow::anyhow!("email hash"))?;
+    let ws = workspace_id(0);
+    let ids: Vec<String> = (0..5).map(|k| format!("cnv_s0_{}", 1 + k * (preloaded.loaded[0] / 5).max(1))).collect();
+    sqlx::query("UPDATE conversions SET email_sha256 = $1 WHERE id = ANY($2)")
+        .bind(hash.as_str())
+        .bind(&ids)
+        .execute(&preloaded.db)
+        .await?;
+    let key = preloaded.keys.iter().find(|k| k.workspace_id == ws).cloned().ok_or_else(|| anyhow::anyhow!("no key"))?;
+    let plans = Plans { keys: Arc::new(vec![key]) };
+    let generator = Arc::new(crate::bodies::Generator::new("erase"));
+    let targets = vec![stack.base_url.clone()];
+    let plan = plans.single(generator);
+    let writes = tokio::spawn(async move { closed_loop(&targets, 2, Duration::from_secs(4), plan).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    let mut command = tokio::process::Command::from(stack.writer_command());
+    command
+        .args(["erase", "--workspace", &ws, "--email"])
+        .env("DATABASE_URL", &preloaded.url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        stdin.write_all(format!("{email}\n").as_bytes()).await?;
+    }
+    let output = child.wait_with_output().await?;
+    let took = started.elapsed();
+    let measured = writes.await?;
+    anyhow::ensure!(output.status.success(), "erase: {}", String::from_utf8_lossy(&output.stderr));
+    let erased: Value = intake_tests::serde_json::from_slice(&output.stdout)?;
+    let log = String::from_utf8_lossy(&output.stderr);
+    let number = |key: &str| {
+        log.split(&format!("{key}="))
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let writes = measured.to_json(Counted::Requests);
+    Ok(json!({
+        "workspace_conversions": preloaded.loaded[0],
+        "erased": erased,
+        "erase_command_ms": round1(took.as_secs_f64() * 1000.0),
+        "lock_wait_ms": number("lock_wait_ms"),
+        "lock_held_ms": number("lock_held_ms"),
+        "same_workspace_writes_meanwhile": {
+            "p50_ms": writes["p50_ms"], "p99_ms": writes["p99_ms"], "max_ms": writes["max_ms"], "errors": writes["errors"],
+        },
+    }))
+}
+
+/// Every scenario at one size, on a stack of its own over the preloaded database.
+pub async fn scenarios_at(
+    config: &crate::Config,
+    preloaded: &Preloaded,
+    infrastructure: &Roles,
+    size: u64,
+) -> anyhow::Result<(Vec<(&'static str, Scenario)>, Value)> {
+    let name = |scenario: &str| -> &'static str { Box::leak(format!("{scenario}_{}", label(size)).into_boxed_str()) };
+    let duration = Duration::from_secs(config.seconds);
+    let stack = start_stack_on(config.gateways, config.writers, Some(preloaded.url.clone())).await;
+    let roles = crate::roles_of(&stack, infrastructure);
+    let plans = Plans { keys: Arc::new(preloaded.keys.clone()) };
+    crate::warm_up(&stack, &plans, config.warmup_seconds).await;
+    let mut scenarios = Vec::new();
+    crate::say(&format!("batch_ingest at {}", label(size)));
+    let plan = plans.batch_ingest(
+        config.batch_clients,
+        Arc::new(crate::bodies::Generator::new("sized")),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    scenarios.push((
+        name("batch_ingest"),
+        closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await,
+    ));
+    crate::say(&format!("single_200rps at {}", label(size)));
+    let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let measured = open_loop(
+        &crate::targets(&stack),
+        config.rate,
+        duration,
+        plans.single_open(Arc::new(crate::bodies::Generator::new("sized-paced"))),
+    )
+    .await;
+    scenarios.push((
+        name("single_200rps"),
+        Scenario { measured, counted: Counted::Requests, cores: cores.await.unwrap_or_default(), writer: None },
+    ));
+    crate::say(&format!("direct_apply at {}", label(size)));
+    let (measured, cores) = baselines::direct_apply(
+        &stack,
+        &preloaded.keys,
+        &roles,
+        duration,
+        config.direct_concurrency,
+        config.direct_batches,
+        &config.out_dir,
+    )
+    .await?;
+    scenarios.push((name("direct_apply"), Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    crate::say(&format!("pg_upsert at {}, into the preloaded conversions", label(size)));
+    let (measured, cores) =
+        baselines::pg_upsert_into_preloaded(&preloaded.url, &roles, duration, config.pg_clients, &config.out_dir)
+            .await?;
+    scenarios.push((name("pg_upsert"), Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    crate::say(&format!("erase at {}: one person in the largest workspace", label(size)));
+    let erase = erase_in_largest(&stack, preloaded).await?;
+    Ok((scenarios, erase))
+}

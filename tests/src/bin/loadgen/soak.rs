@@ -1,0 +1,451 @@
+//! `loadgen soak`: mixed traffic (singles, some with a parent, batches, re-sends of batches,
+//! updates, erasures) at half the measured capacity for a set time, sampled at a fixed interval:
+//! the gateway's and the writer's RSS and open descriptors, p50 and p99 of the interval,
+//! `applied_messages` rows and size, the tables' and indexes' sizes with dead tuples, the Kafka
+//! log of the run's topics. The retentions are shortened (topics, and so `applied_messages` and
+//! the tombstones) so that pruning happens inside the run. Fails when anything acknowledged is
+//! missing at the end, or when after the warm-up sample RSS or descriptors grow more than 10 %,
+//! p99 more than 2×, or a pruned table (or, in runs of 10 minutes and more, the Kafka log; the
+//! broker deletes segments every 5 minutes) does not level off.
+//!
+//! Settings: INTAKE_SOAK_MINUTES (30), INTAKE_SOAK_SAMPLE_SECONDS (60), INTAKE_SOAK_RETENTION_MS
+//! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of a 10 s
+//! batch_ingest), INTAKE_BENCH_OUT (soak.json and soak.md go there).
+
+use crate::bodies::{Generator, BATCH_ITEMS};
+use crate::machine;
+use crate::measure::{closed_loop, open_loop, round1, round2, Counted, Expect, OpenPlan};
+use crate::{post, say, setting, targets, Plans};
+use intake_tests::serde_json::{json, Value};
+use intake_tests::{Stack, StackOptions, TestKey};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const WORKSPACES: usize = 8;
+/// Items of a soak batch (the re-sends send them again).
+const SOAK_BATCH: usize = 50;
+
+struct Settings {
+    minutes: f64,
+    sample: Duration,
+    retention_ms: u64,
+    rate: Option<f64>,
+    out_dir: std::path::PathBuf,
+}
+
+/// What was acknowledged: (workspace index, external ids).
+type Acknowledged = Arc<Mutex<Vec<(usize, String)>>>;
+
+pub async fn run() -> anyhow::Result<()> {
+    let settings = Settings {
+        minutes: setting("INTAKE_SOAK_MINUTES", 30.0),
+        sample: Duration::from_secs(setting("INTAKE_SOAK_SAMPLE_SECONDS", 60)),
+        retention_ms: setting("INTAKE_SOAK_RETENTION_MS", 180_000),
+        rate: std::env::var("INTAKE_SOAK_RATE").ok().and_then(|v| v.parse().ok()),
+        out_dir: std::path::PathBuf::from(setting("INTAKE_BENCH_OUT", "bench".to_owned())),
+    };
+    std::fs::create_dir_all(&settings.out_dir)?;
+    let stack = Stack::start_with(StackOptions {
+        requests_per_minute: 1_000_000_000,
+        conversions_per_minute: 1_000_000_000,
+        write_timeout_ms: 30_000,
+        start_writer: false,
+        ..Default::default()
+    })
+    .await;
+    let retention = settings.retention_ms.to_string();
+    stack.run_writer_command(&["topics", "--retention-ms", &retention, "--dlq-retention-ms", &retention])?;
+    // The margin beyond the topics' window: a sixth of the retention.
+    let margin = (settings.retention_ms / 6).to_string();
+    let ops = format!("127.0.0.1:{}", intake_tests::free_port());
+    let writer = stack
+        .writer_command()
+        .args(["run", "--ops-listen", &ops, "--retention-margin-ms", &margin])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(stack.log_dir.join("soak-writer.log"))?)
+        .spawn()?;
+    let mut writer = KillOnDrop(writer);
+    let keys: Vec<TestKey> = (0..WORKSPACES).map(|_| stack.workspace()).collect();
+    let plans = Plans { keys: Arc::new(keys.clone()) };
+    let db =
+        sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&intake_tests::env("DATABASE_URL")).await?;
+
+    let rate = match settings.rate {
+        Some(rate) => rate,
+        None => {
+            say("soak: measuring capacity (batch_ingest, 10 s)");
+            let plan = plans.batch_ingest(8, Arc::new(Generator::new("capacity")), Arc::new(Mutex::new(Vec::new())));
+            let measured = closed_loop(&targets(&stack), 8, Duration::from_secs(10), plan).await;
+            measured.rate(Counted::Items) / 2.0
+        }
+    };
+    // Per 10 requests: 6 singles (one in three with a parent), 2 batches, 1 re-send of a batch,
+    // 1 update of a single: 6 + 2·50 + 50 + 1 = 157 items.
+    let requests_per_s = (rate * 10.0 / 157.0).max(2.0);
+    say(&format!(
+        "soak: {:.0} items/s ({requests_per_s:.1} requests/s) for {} min, sampled every {} s; topics keep {} s",
+        rate,
+        settings.minutes,
+        settings.sample.as_secs(),
+        settings.retention_ms / 1000
+    ));
+
+    let acknowledged: Acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let generator = Arc::new(Generator::new("soak"));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (gateway_pids, _) = stack.pids();
+    let writer_pid = writer.0.id();
+    let kafka_dir = kafka_log_dir();
+    let samples_wanted = ((settings.minutes * 60.0) / settings.sample.as_secs_f64()).round().max(2.0) as usize;
+    let mut samples = Vec::new();
+    let mut erasures = 0u64;
+    for index in 0..samples_wanted {
+        let plan = mixed_plan(&keys, generator.clone(), next.clone(), acknowledged.clone());
+        // An erasure in every interval, in parallel with the traffic.
+        let erase = erase_someone(&stack, &keys, index);
+        let to = targets(&stack);
+        let (measured, erased) = tokio::join!(open_loop(&to, requests_per_s, settings.sample, plan), erase);
+        erasures += u64::from(erased);
+        let recorder = &measured.recorder;
+        let sample = json!({
+            "minute": round1((index + 1) as f64 * settings.sample.as_secs_f64() / 60.0),
+            "requests": recorder.requests,
+            "errors": recorder.errors,
+            "p50_ms": round2(recorder.latency.value_at_quantile(0.5) as f64 / 1000.0),
+            "p99_ms": round2(recorder.latency.value_at_quantile(0.99) as f64 / 1000.0),
+            "gateway_rss_mib": rss_mib(&gateway_pids),
+            "gateway_fds": fds(&gateway_pids),
+            "writer_rss_mib": rss_mib(&[writer_pid]),
+            "writer_fds": fds(&[writer_pid]),
+            "tables": tables(&db).await.unwrap_or_else(|e| json!({ "error": e.to_string() })),
+            "kafka_log_mib": kafka_dir.as_deref().map(|d| round2(topic_bytes(d, &stack.topic_prefix) as f64 / 1048576.0)),
+        });
+        say(&format!("soak sample {}: {sample}", index + 1));
+        samples.push(sample);
+    }
+
+    say("soak: checking that everything acknowledged is stored");
+    let acked: Vec<(usize, String)> = std::mem::take(&mut *acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
+    let missing = missing(&db, &keys, &acked).await?;
+    let failures = judge(&samples, settings.minutes, &missing);
+    let report = json!({
+        "minutes": settings.minutes,
+        "sample_seconds": settings.sample.as_secs(),
+        "items_per_s": round1(rate),
+        "requests_per_s": round1(requests_per_s),
+        "topic_retention_ms": settings.retention_ms,
+        "acknowledged_items": acked.len(),
+        "missing_acknowledged": missing.len(),
+        "erasures": erasures,
+        "samples": samples,
+        "failures": failures,
+        "logs": stack.log_dir,
+    });
+    std::fs::write(settings.out_dir.join("soak.json"), format!("{report:#}\n"))?;
+    std::fs::write(settings.out_dir.join("soak.md"), markdown(&report))?;
+    let _ = writer.0.kill();
+    drop(stack);
+    println!("{}", markdown(&report));
+    anyhow::ensure!(failures.is_empty(), "soak failed: {failures:?}");
+    Ok(())
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Request k of the mix; what is acknowledged is remembered.
+fn mixed_plan(
+    keys: &[TestKey],
+    generator: Arc<Generator>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    acknowledged: Acknowledged,
+) -> OpenPlan {
+    use std::sync::atomic::Ordering;
+    let keys = Arc::new(keys.to_vec());
+    Arc::new(move |_| {
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        let workspace_of = |k: u64| (k as usize / 10) % keys.len();
+        // Items are numbered per request slot, so that a re-send names an earlier request's.
+        let first_of = |k: u64| k * BATCH_ITEMS as u64;
+        let record = |workspace: usize, ids: Vec<String>| {
+            acknowledged.lock().unwrap_or_else(|p| p.into_inner()).extend(ids.into_iter().map(|id| (workspace, id)));
+        };
+        // Re-sends name requests far enough back to have been answered: the batch of k - 2 (same
+        // ten, same workspace), the single of k - 19.
+        let slot = match (k % 10, k.checked_sub(19)) {
+            (8, _) => 8,
+            (9, Some(_)) => 9,
+            (9, None) => 0,
+            (slot, _) => slot,
+        };
+        match slot {
+            0..=5 => {
+                let workspace = workspace_of(k);
+                record(workspace, vec![generator.external_id_of(first_of(k))]);
+                (post("/v1/conversions", &keys[workspace], generator.single(first_of(k), 0)), Expect::Status(201, 1))
+            }
+            6 | 7 => {
+                let (workspace, first) = (workspace_of(k), first_of(k));
+                record(workspace, (first..first + SOAK_BATCH as u64).map(|n| generator.external_id_of(n)).collect());
+                let body = generator.batch(first, SOAK_BATCH);
+                (post("/v1/conversions/batch", &keys[workspace], body), Expect::Status(200, SOAK_BATCH as u64))
+            }
+            8 => {
+                let earlier = k - 2;
+                let body = generator.batch(first_of(earlier), SOAK_BATCH);
+                (post("/v1/conversions/batch", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
+            }
+            _ => {
+                let earlier = k - 19;
+                let body = generator.single(first_of(earlier), 0);
+                (post("/v1/conversions", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
+            }
+        }
+    })
+}
+
+/// Erases a person the traffic sent (an email of an earlier single); true when it succeeded.
+async fn erase_someone(stack: &Stack, keys: &[TestKey], index: usize) -> bool {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let workspace = &keys[index % keys.len()].workspace_id;
+    let email = format!("person.{}@example.com", (index as u64 * 10 + index as u64 % 6) * BATCH_ITEMS as u64);
+    let mut command = tokio::process::Command::from(stack.writer_command());
+    command
+        .args(["erase", "--workspace", workspace, "--email"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let Ok(mut child) = command.spawn() else { return false };
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        let _ = stdin.write_all(format!("{email}\n").as_bytes()).await;
+    }
+    child.wait().await.is_ok_and(|status| status.success())
+}
+
+fn rss_mib(pids: &[u32]) -> f64 {
+    let kib: f64 = pids
+        .iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .sum();
+    round1(kib / 1024.0)
+}
+
+fn fds(pids: &[u32]) -> usize {
+    pids.iter().filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok()).map(|d| d.count()).sum()
+}
+
+/// Sizes (MiB, with indexes), rows and dead tuples of the tables that grow or are pruned.
+async fn tables(db: &sqlx::PgPool) -> anyhow::Result<Value> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "WITH parts AS (
+             SELECT c.oid, coalesce(p.relname, c.relname)::text AS name
+               FROM pg_class c
+               LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+               LEFT JOIN pg_class p ON p.oid = i.inhparent
+              WHERE c.relkind = 'r' AND coalesce(p.relname, c.relname) IN
+                    ('conversions', 'visits', 'chains', 'conversion_matches', 'applied_messages', 'erasure_tombstones'))
+         SELECT parts.name, sum(pg_total_relation_size(parts.oid))::int8,
+                coalesce(sum(s.n_live_tup), 0)::int8, coalesce(sum(s.n_dead_tup), 0)::int8
+           FROM parts LEFT JOIN pg_stat_user_tables s ON s.relid = parts.oid
+          GROUP BY parts.name ORDER BY parts.name",
+    )
+    .fetch_all(db)
+    .await?;
+    let mut out = intake_tests::serde_json::Map::new();
+    for (name, bytes, live, dead) in rows {
+        out.insert(name, json!({ "mib": round2(bytes as f64 / 1048576.0), "live_rows": live, "dead_rows": dead }));
+    }
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM applied_messages").fetch_one(db).await?;
+    out.insert("applied_messages_rows".into(), json!(applied));
+    Ok(Value::Object(out))
+}
+
+/// The broker's log directory, from the server.properties of the process on the broker's port.
+fn kafka_log_dir() -> Option<std::path::PathBuf> {
+    let port = std::env::var("INTAKE_KAFKA_BROKERS").ok()?.split(',').next()?.rsplit(':').next()?.parse().ok()?;
+    let pid = machine::pid_listening_on(port)?;
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+    // The server's own file, not a -D option naming another (log4j2.properties).
+    let properties = cmdline.split('\0').find(|a| !a.starts_with('-') && a.ends_with(".properties"))?;
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    let text = std::fs::read_to_string(cwd.join(properties)).ok()?;
+    let dir = text.lines().find_map(|l| l.strip_prefix("log.dirs="))?.split(',').next()?.trim().to_owned();
+    Some(cwd.join(dir))
+}
+
+/// Bytes of the partitions of the run's topics.
+fn topic_bytes(dir: &std::path::Path, prefix: &str) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
+        .filter_map(|f| f.metadata().ok().map(|m| m.len()))
+        .sum()
+}
+
+async fn missing(db: &sqlx::PgPool, keys: &[TestKey], acked: &[(usize, String)]) -> anyhow::Result<Vec<String>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut missing = Vec::new();
+        for (index, key) in keys.iter().enumerate() {
+            let ids: Vec<&str> = acked.iter().filter(|(w, _)| *w == index).map(|(_, id)| id.as_str()).collect();
+            let stored: HashSet<String> = sqlx::query_scalar(
+                "SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)",
+            )
+            .bind(&key.workspace_id)
+            .bind(&ids)
+            .fetch_all(db)
+            .await?
+            .into_iter()
+            .collect();
+            missing.extend(ids.into_iter().filter(|id| !stored.contains(*id)).map(str::to_owned));
+        }
+        if missing.is_empty() || std::time::Instant::now() > deadline {
+            return Ok(missing);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The failures: missing data, growth after the warm-up sample (minute 5 of a 30-minute run; a
+/// sixth of the samples in general).
+pub fn judge(samples: &[Value], minutes: f64, missing: &[String]) -> Vec<String> {
+    let mut failures = Vec::new();
+    if !missing.is_empty() {
+        failures.push(format!(
+            "{} acknowledged items missing, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(3)]
+        ));
+    }
+    let errors: u64 = samples.iter().filter_map(|s| s["errors"].as_u64()).sum();
+    if errors > 0 {
+        failures.push(format!("{errors} requests answered wrongly"));
+    }
+    let warm = (samples.len() / 6).max(1) - 1;
+    let after = &samples[warm..];
+    let series = |path: &[&str]| -> Vec<f64> {
+        after.iter().map(|s| path.iter().fold(s, |v, k| &v[*k]).as_f64().unwrap_or(0.0)).collect()
+    };
+    for (name, path, limit) in [
+        ("gateway RSS", &["gateway_rss_mib"][..], 1.10),
+        ("gateway descriptors", &["gateway_fds"][..], 1.10),
+        ("writer RSS", &["writer_rss_mib"][..], 1.10),
+        ("writer descriptors", &["writer_fds"][..], 1.10),
+        ("p99", &["p99_ms"][..], 2.0),
+    ] {
+        let values = series(path);
+        // Growth, not a moment's peak (a burst of connections, one slow request): the median of
+        // the last third against the warm-up value, with a small absolute slack (a few
+        // descriptors, 2 MiB) below which 10 % of a small number is noise.
+        let first = values[0];
+        let end = median(&values[values.len() - values.len().div_ceil(3)..]);
+        let slack = if name.contains("descriptors") {
+            4.0
+        } else if name.contains("RSS") {
+            2.0
+        } else {
+            0.0
+        };
+        if end > first * limit + slack {
+            failures.push(format!("{name} grew from {first} to {end} after the warm-up (limit ×{limit})"));
+        }
+    }
+    // Pruned: the last third of the samples may not exceed the middle third by more than 20 %.
+    let mut pruned: Vec<(&str, Vec<&str>)> = vec![
+        ("applied_messages rows", vec!["tables", "applied_messages_rows"]),
+        ("applied_messages size", vec!["tables", "applied_messages", "mib"]),
+        ("erasure_tombstones rows", vec!["tables", "erasure_tombstones", "live_rows"]),
+    ];
+    if minutes >= 10.0 {
+        pruned.push(("Kafka log", vec!["kafka_log_mib"]));
+    }
+    if after.len() >= 3 {
+        for (name, path) in pruned {
+            let values = series(&path);
+            let third = values.len() / 3;
+            let middle = values[third..2 * third].iter().copied().fold(0.0, f64::max);
+            let last = values[2 * third..].iter().copied().fold(0.0, f64::max);
+            if last > middle * 1.2 + 1.0 {
+                failures.push(format!("{name} does not level off: {middle} in the middle third, {last} in the last"));
+            }
+        }
+    }
+    failures
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn markdown(report: &Value) -> String {
+    let mut md = format!(
+        "Soak: {} min at {} items/s ({} requests/s), topics kept {} s; {} items acknowledged, {} missing; {} erasures.\n\n",
+        report["minutes"], report["items_per_s"], report["requests_per_s"],
+        report["topic_retention_ms"].as_u64().unwrap_or(0) / 1000, report["acknowledged_items"],
+        report["missing_acknowledged"], report["erasures"]
+    );
+    md.push_str("| minute | p50 ms | p99 ms | gateway RSS MiB | gateway fds | writer RSS MiB | writer fds | applied_messages rows | applied_messages MiB | conversions MiB (dead rows) | visits MiB | Kafka log MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in report["samples"].as_array().into_iter().flatten() {
+        let t = &s["tables"];
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |\n",
+            s["minute"],
+            s["p50_ms"],
+            s["p99_ms"],
+            s["gateway_rss_mib"],
+            s["gateway_fds"],
+            s["writer_rss_mib"],
+            s["writer_fds"],
+            t["applied_messages_rows"],
+            t["applied_messages"]["mib"],
+            t["conversions"]["mib"],
+            t["conversions"]["dead_rows"],
+            t["visits"]["mib"],
+            s["kafka_log_mib"]
+        ));
+    }
+    let failures = report["failures"].as_array().cloned().unwrap_or_default();
+    if failures.is_empty() {
+        md.push_str("\nPassed: nothing missing, no growth beyond the limits after the warm-up.\n");
+    } else {
+        md.push_str(&format!("\nFailed: {}\n", failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")));
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rss: f64, rows: i64) -> Value {
+        json!({ "errors": 0, "p99_ms": 10.0, "gateway_rss_mib": rss, "gateway_fds": 20, "writer_rss_mib": 30.0,
+                "writer_fds": 30, "tables": { "applied_messages_rows": rows, "applied_messages": { "mib": 1.0 },
+                "erasure_tombstones": { "live_rows": 1 } }, "kafka_log_mib": 1.0 })
+    }
+
+    #[test]
+    fn growth_after_the_warm_up_fails_and_a_plateau_passes() {
+        let level: Vec<Value> = (0..12).map(|i| sample(50.0, if i < 4 { i * 100 } else { 400 })).collect();
+        assert_eq!(judge(&level, 12.0, &[]), Vec::<String>::new());
+        let leaking: Vec<Value> = (0..12).map(|i| sample(50.0 + 3.0 * i as f64, 400)).collect();
+        assert!(judge(&leaking, 12.0, &[])[0].starts_with("gateway RSS grew"));
+        let unpruned: Vec<Value> = (0..12).map(|i| sample(50.0, i * 100)).collect();
+        assert!(judge(&unpruned, 12.0, &[]).iter().any(|f| f.starts_with("applied_messages rows does not level off")));
+        assert!(judge(&level, 12.0, &["x".into()])[0].contains("missing"));
+    }
+}

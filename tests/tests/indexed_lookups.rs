@@ -1,0 +1,196 @@
+//! Erasure and matching stay fast as a workspace grows: on ANALYZEd tables of realistic size
+//! (250k conversions and visits, most in one workspace), the planner answers every statement
+//! of both paths from indexes, never a sequential scan of `conversions`, `visits` or
+//! `conversion_matches`. The statements are the writer's own text (writer/src/lookups.rs).
+//! The tables live in a database of the test's own, created and dropped here, so that no test
+//! of the shared database sees their rows. An erasure on it is timed too.
+
+#[allow(dead_code)]
+#[path = "../../writer/src/lookups.rs"]
+mod lookups;
+#[path = "support/own_database.rs"]
+mod own_database;
+
+use intake_tests::env;
+use own_database::OwnDatabase;
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::process::{Command, Stdio};
+
+/// Rows of each of `conversions` and `visits`; three in four in the workspace `ws_0`.
+const ROWS: i64 = 250_000;
+
+/// Workspace `ws_0` holds three in four rows, 99 others the rest. Every other conversion has a
+/// visitor id (16 characters and a suffix), one in three a click id, one in five a contact id,
+/// every other an email hash, one in four a phone hash; visits likewise.
+async fn fill(db: &PgPool) {
+    let statements = [
+        "INSERT INTO workspaces (id, name, project_id) SELECT 'ws_' || i, 'w', 'p' FROM generate_series(0, 99) i",
+        "CREATE UNLOGGED TABLE spread AS
+            SELECT g, CASE WHEN g % 4 = 0 THEN 'ws_' || (g % 100) ELSE 'ws_0' END AS ws
+              FROM generate_series(1, {ROWS}) g",
+        "INSERT INTO chains (id, workspace_id) SELECT 'ch_' || g, ws FROM spread",
+        "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id, click_id,
+                                  contact_id, email_sha256, phone_sha256)
+         SELECT 'cv_' || g, ws, 'purchase', 'e' || g, 'ch_' || g, now() - (g % 2000) * interval '1 hour',
+                CASE WHEN g % 2 = 0 THEN substr(md5('v' || g), 1, 16) || '.1700000000' END,
+                CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
+                CASE WHEN g % 5 = 0 THEN 'contact-' || g END,
+                CASE WHEN g % 2 = 1 THEN md5('e' || g) || md5('E' || g) END,
+                CASE WHEN g % 4 = 1 THEN md5('p' || g) || md5('P' || g) END
+           FROM spread",
+        "INSERT INTO visits (workspace_id, visitor_id, click_id, recipient_id, visited_at, page)
+         SELECT ws, substr(md5('v' || (g - g % 2)), 1, 16), CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
+                CASE WHEN g % 5 = 0 THEN 'contact-' || g END, now() - (g % 3000) * interval '1 hour', '/p'
+           FROM spread",
+        "INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
+         SELECT 'cv_' || v.id, v.id, 'visitor_id' FROM visits v WHERE v.id % 2 = 0",
+    ];
+    for statement in statements {
+        let statement = statement.replace("{ROWS}", &ROWS.to_string());
+        sqlx::query(&statement).execute(db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    for table in ["conversions", "visits", "conversion_matches", "chains"] {
+        sqlx::query(&format!("ANALYZE {table}")).execute(db).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Every (node type, relation) of a JSON plan.
+fn nodes(plan: &Value, out: &mut Vec<(String, String)>) {
+    let text = |key: &str| plan[key].as_str().unwrap_or_default().to_owned();
+    out.push((text("Node Type"), text("Relation Name")));
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        nodes(child, out);
+    }
+}
+
+/// A parameter of a statement.
+enum Param {
+    Text(&'static str),
+    Texts(Vec<String>),
+    Ints(Vec<i64>),
+}
+
+/// Fails when the plan of `statement`, with `params` bound, scans a big table sequentially.
+async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Param>) {
+    let explain = format!("EXPLAIN (FORMAT JSON) {statement}");
+    let mut query = sqlx::query_scalar::<_, sqlx::types::Json<Value>>(&explain);
+    for param in params {
+        query = match param {
+            Param::Text(text) => query.bind(text),
+            Param::Texts(texts) => query.bind(texts),
+            Param::Ints(ints) => query.bind(ints),
+        };
+    }
+    let sqlx::types::Json(plan) = query.fetch_one(db).await.unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"));
+    let mut found = Vec::new();
+    nodes(&plan[0]["Plan"], &mut found);
+    let scanned: Vec<&(String, String)> = found
+        .iter()
+        .filter(|(node, relation)| {
+            node == "Seq Scan" && ["conversions", "visits", "conversion_matches"].contains(&relation.as_str())
+        })
+        .collect();
+    assert!(scanned.is_empty(), "{name} scans {scanned:?} sequentially: {plan:#}");
+}
+
+fn texts(values: &[&str]) -> Param {
+    Param::Texts(values.iter().map(|v| (*v).to_owned()).collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
+    let own = OwnDatabase::create("lookups").await;
+    let db = PgPoolOptions::new().max_connections(2).connect(&own.url).await.unwrap_or_else(|e| panic!("{e}"));
+    fill(&db).await;
+    // A person of ws_0: conversion cv_12 (visitor id of v12, click k12) and cv_15 (contact-15).
+    let email: String = sqlx::query_scalar("SELECT md5('e11') || md5('E11')").fetch_one(&db).await.unwrap_or_default();
+    let email: &'static str = Box::leak(email.into_boxed_str());
+    let visitor: String =
+        sqlx::query_scalar("SELECT substr(md5('v12'), 1, 16)").fetch_one(&db).await.unwrap_or_default();
+    let visitor: &'static str = Box::leak(visitor.into_boxed_str());
+    let ws = || Param::Text("ws_0");
+    let checks: Vec<(&str, &str, Vec<Param>)> = vec![
+        ("by email", lookups::PERSON_BY_EMAIL, vec![ws(), Param::Text(email)]),
+        ("by phone", lookups::PERSON_BY_PHONE, vec![ws(), Param::Text(email)]),
+        ("by contact id", lookups::PERSON_BY_CONTACT, vec![ws(), Param::Text("contact-15")]),
+        ("by visitor id", lookups::PERSON_BY_VISITOR, vec![ws(), Param::Text(visitor)]),
+        (
+            "one step out",
+            lookups::PERSON_ONE_STEP,
+            vec![
+                ws(),
+                texts(&["cv_11", "cv_12"]),
+                texts(&[visitor]),
+                texts(&["contact-15"]),
+                texts(&[email]),
+                texts(&[]),
+            ],
+        ),
+        (
+            "the visits",
+            lookups::DELETE_PERSON_VISITS,
+            vec![ws(), texts(&[visitor]), texts(&["k12"]), texts(&["contact-15"]), texts(&["cv_11", "cv_12"])],
+        ),
+        ("the matches", lookups::DELETE_PERSON_MATCHES, vec![texts(&["cv_11", "cv_12"])]),
+        ("the conversions", lookups::CLEAR_PERSON_CONVERSIONS, vec![texts(&["cv_11", "cv_12"])]),
+    ];
+    for (name, statement, params) in checks {
+        assert_indexed(&db, name, statement, params).await;
+    }
+
+    // Matching a chunk of 100 conversions, each with all three identifiers.
+    let ids: Vec<String> = (0..100).map(|i| format!("cv_new_{i}")).collect();
+    let visitors: Vec<String> = (0..100).map(|i| format!("{:016x}.1700000000", i * 7919)).collect();
+    let clicks: Vec<String> = (0..100).map(|i| format!("click-{i}")).collect();
+    let contacts: Vec<String> = (0..100).map(|i| format!("contact-{}", i * 5)).collect();
+    let occurred: Vec<i64> = (0..100).map(|_| intake_tests::now_ms()).collect();
+    let params = vec![
+        ws(),
+        Param::Texts(ids),
+        Param::Texts(visitors),
+        Param::Texts(clicks),
+        Param::Texts(contacts),
+        Param::Ints(occurred),
+    ];
+    assert_indexed(&db, "matching", lookups::MATCH_VISITS, params).await;
+
+    // The erasure itself, in the workspace of 190k conversions and visits: one person's five
+    // conversions (one email address) and their visits.
+    let person = intake_common::normalize::email_hash("someone@example.com").unwrap_or_else(|| unreachable!());
+    sqlx::query("UPDATE conversions SET email_sha256 = $1 WHERE id IN ('cv_2', 'cv_6', 'cv_10', 'cv_14', 'cv_18')")
+        .bind(person.as_str())
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let started = std::time::Instant::now();
+    let mut erase = Command::new(std::path::Path::new(&env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .args(["erase", "--workspace", "ws_0", "--email"])
+        .env("DATABASE_URL", &own.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("intake-writer erase: {e}"));
+    if let Some(mut stdin) = erase.stdin.take() {
+        use std::io::Write;
+        stdin.write_all(b"someone@example.com\n").unwrap_or_else(|e| panic!("{e}"));
+    }
+    let output = erase.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let took = started.elapsed();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let erased: Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    assert_eq!(erased["conversions"], 5, "{erased}");
+    assert_eq!(erased["visits"], 10, "two visits for each visitor id: {erased}");
+    // Process start and connection included; the lock itself is held for milliseconds.
+    assert!(took < std::time::Duration::from_secs(1), "the erasure took {took:?}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE email_sha256 = $1")
+        .bind(person.as_str())
+        .fetch_one(&db)
+        .await
+        .unwrap_or(-1);
+    assert_eq!(left, 0);
+    db.close().await;
+    drop(own);
+}

@@ -1,0 +1,33 @@
+//! The soak's two-minute form (deploy/soak.sh runs 30 minutes): mixed traffic, retentions of
+//! seconds so that pruning happens inside the run, and the soak's own checks (nothing
+//! acknowledged missing, no growth of RSS, descriptors, p99 or the pruned tables after the
+//! warm-up). At a modest fixed rate, so that it runs beside the other tests.
+
+use std::process::Command;
+
+#[test]
+fn a_two_minute_soak_keeps_everything_and_levels_off() {
+    let out = std::env::temp_dir().join(format!("intake-soak-{}", ulid::Ulid::new()));
+    let output = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .arg("soak")
+        .env("INTAKE_SOAK_MINUTES", "2")
+        .env("INTAKE_SOAK_SAMPLE_SECONDS", "10")
+        .env("INTAKE_SOAK_RETENTION_MS", "20000")
+        .env("INTAKE_SOAK_RATE", "300")
+        .env("INTAKE_BENCH_OUT", &out)
+        .output()
+        .unwrap_or_else(|e| panic!("loadgen soak: {e}"));
+    let report = std::fs::read_to_string(out.join("soak.md")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "{report}\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("soak.json")).unwrap_or_default()).unwrap_or_default();
+    assert_eq!(json["samples"].as_array().map(Vec::len), Some(12), "{report}");
+    assert!(json["acknowledged_items"].as_u64().unwrap_or(0) > 1_000, "{report}");
+    assert_eq!(json["missing_acknowledged"], 0, "{report}");
+    let _ = std::fs::remove_dir_all(&out);
+}

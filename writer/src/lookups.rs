@@ -1,0 +1,78 @@
+//! The statements that look a person's rows up by identifier: matching's and erasure's. Each is
+//! a union of lookups that one index answers (migrations 0001 and 0003), not one condition
+//! ORed across columns, which the planner may answer by scanning the whole workspace. Kept
+//! apart and free of dependencies so that `tests/tests/indexed_lookups.rs` EXPLAINs the very
+//! text the writer runs, on tables of realistic size.
+
+/// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
+/// identifiers they carry (visitor id: its 16 characters).
+pub const PERSON_BY_EMAIL: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
+     phone_sha256 FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND email_sha256 = $2";
+pub const PERSON_BY_PHONE: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
+     phone_sha256 FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND phone_sha256 = $2";
+pub const PERSON_BY_CONTACT: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
+     email_sha256, phone_sha256 FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = $2";
+pub const PERSON_BY_VISITOR: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
+     email_sha256, phone_sha256 FROM conversions
+     WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND left(visitor_id, 16) = left($2, 16)";
+
+/// One step out (docs/architecture.md, "Privacy"): the conversions of workspace `$1` that are `$2` or carry one of the
+/// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
+pub const PERSON_ONE_STEP: &str = "
+    SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+      FROM conversions WHERE workspace_id = $1 AND id = ANY($2)
+    UNION
+    SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
+      FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND left(visitor_id, 16) = ANY($3)
+    UNION
+    SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
+      FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = ANY($4)
+    UNION
+    SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
+      FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND email_sha256 = ANY($5)
+    UNION
+    SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
+      FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND phone_sha256 = ANY($6)";
+
+/// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
+/// (their contact ids), and those matched to their conversions `$5`. Their matches go with them
+/// (ON DELETE CASCADE).
+pub const DELETE_PERSON_VISITS: &str = "
+    DELETE FROM visits WHERE id IN (
+        SELECT id FROM visits WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND visitor_id = ANY($2)
+        UNION
+        SELECT id FROM visits WHERE workspace_id = $1 AND click_id IS NOT NULL AND click_id = ANY($3)
+        UNION
+        SELECT id FROM visits WHERE workspace_id = $1 AND recipient_id IS NOT NULL AND recipient_id = ANY($4)
+        UNION
+        SELECT visit_id FROM conversion_matches WHERE conversion_id = ANY($5))";
+
+pub const DELETE_PERSON_MATCHES: &str = "DELETE FROM conversion_matches WHERE conversion_id = ANY($1)";
+
+pub const CLEAR_PERSON_CONVERSIONS: &str = "
+    UPDATE conversions SET visitor_id = NULL, click_id = NULL, contact_id = NULL, email_sha256 = NULL,
+           phone_sha256 = NULL, address_sha256 = NULL, hdyhau = NULL, updated_at = now()
+     WHERE id = ANY($1)";
+
+/// Matches the conversions `$2` (with their visitor ids `$3`, click ids `$4`, contact ids `$5`
+/// and occurred_at `$6`, epoch ms) of workspace `$1` to the workspace's visits at or before
+/// `occurred_at` and within 90 days of it (docs/architecture.md, "Privacy"): three lookups, one per index of `visits`.
+pub const MATCH_VISITS: &str = "
+    WITH c AS MATERIALIZED (
+        SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id,
+               'epoch'::timestamptz + occurred_at_ms * interval '1 millisecond' AS occurred_at
+          FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int8[])
+            AS u(id, visitor_id, click_id, contact_id, occurred_at_ms))
+    INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
+    SELECT c.id, v.id, 'visitor_id' FROM c
+      JOIN visits v ON v.workspace_id = $1 AND v.visitor_id IS NOT NULL AND v.visitor_id = c.visitor_id
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+    UNION ALL
+    SELECT c.id, v.id, 'click_id' FROM c
+      JOIN visits v ON v.workspace_id = $1 AND v.click_id IS NOT NULL AND v.click_id = c.click_id
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+    UNION ALL
+    SELECT c.id, v.id, 'contact_id' FROM c
+      JOIN visits v ON v.workspace_id = $1 AND v.recipient_id IS NOT NULL AND v.recipient_id = c.contact_id
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+    ON CONFLICT DO NOTHING";
