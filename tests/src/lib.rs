@@ -668,24 +668,47 @@ pub async fn database() -> sqlx::PgPool {
 }
 
 /// A conversion input with the required fields and a fresh external id.
-/// A database of the caller's own on the test server, migrated: for a test that needs DDL
-/// (a trigger), which on the shared database would lock out every concurrent test's writes.
-/// `deploy/test.sh` drops these databases before a run.
-pub async fn own_database() -> String {
-    let shared = env("DATABASE_URL");
-    let name = format!("intake_own_{}", ulid::Ulid::new().to_string().to_lowercase());
-    let admin = sqlx::PgPool::connect(&shared).await.unwrap_or_else(|e| panic!("{e}"));
-    sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap_or_else(|e| panic!("{e}"));
-    admin.close().await;
-    let base = shared.rsplit_once('/').map_or(shared.as_str(), |(base, _)| base);
-    let url = format!("{base}/{name}");
-    let migrated = Command::new(bin("intake-writer"))
-        .arg("migrate")
-        .env("DATABASE_URL", &url)
-        .output()
-        .unwrap_or_else(|e| panic!("migrate: {e}"));
-    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
-    url
+/// A database of a test's own on the test server, migrated by the writer under test: for a
+/// test that needs DDL (a trigger), which on the shared database would lock out every concurrent
+/// test's writes, or that fills tables with many rows. Dropped when it goes out of scope, even
+/// when the test fails; `deploy/test.sh` drops any a killed run left behind.
+pub struct OwnDatabase {
+    admin_url: String,
+    name: String,
+    pub url: String,
+}
+
+impl OwnDatabase {
+    pub async fn create(purpose: &str) -> OwnDatabase {
+        let shared = env("DATABASE_URL");
+        let (server, _) = shared.rsplit_once('/').unwrap_or_else(|| panic!("DATABASE_URL has no database"));
+        let name = format!("intake_own_{purpose}_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let admin = sqlx::PgPool::connect(&shared).await.unwrap_or_else(|e| panic!("{e}"));
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap_or_else(|e| panic!("{e}"));
+        admin.close().await;
+        let own = OwnDatabase { admin_url: shared.clone(), url: format!("{server}/{name}"), name };
+        let migrated = Command::new(bin("intake-writer"))
+            .arg("migrate")
+            .env("DATABASE_URL", &own.url)
+            .output()
+            .unwrap_or_else(|e| panic!("migrate: {e}"));
+        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+        own
+    }
+
+    pub async fn pool(&self) -> sqlx::PgPool {
+        sqlx::PgPool::connect(&self.url).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([&self.admin_url, "-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 pub fn conversion(event: &str) -> Value {

@@ -1,7 +1,7 @@
 //! POST /v1/conversions/batch (docs/api.md, "POST /v1/conversions/batch").
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, own_database, topic_contents, Stack, StackOptions};
+use intake_tests::{conversion, database, topic_contents, OwnDatabase, Stack, StackOptions};
 
 fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
@@ -95,10 +95,10 @@ async fn five_hundred_items_in_five_chunks() {
 #[tokio::test]
 async fn a_failed_later_chunk_is_500_earlier_chunks_stay_and_the_resend_is_safe() {
     // A trigger: on a database of the test's own (DDL on the shared one blocks every test).
-    let url = own_database().await;
-    let stack = Stack::start_with(StackOptions { database_url: Some(url.clone()), ..Default::default() }).await;
+    let own = OwnDatabase::create("batch").await;
+    let stack = Stack::start_with(StackOptions { database_url: Some(own.url.clone()), ..Default::default() }).await;
     let key = stack.workspace();
-    let db = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    let db = own.pool().await;
     let poison = format!("poison-{}", ulid::Ulid::new());
     let function = format!("refuse_{}", poison.to_lowercase().replace('-', "_"));
     // A chunk that the database refuses (a constraint the data breaks): not transient.

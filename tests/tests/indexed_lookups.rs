@@ -8,11 +8,9 @@
 #[allow(dead_code)]
 #[path = "../../writer/src/lookups.rs"]
 mod lookups;
-#[path = "support/own_database.rs"]
-mod own_database;
 
 use intake_tests::env;
-use own_database::OwnDatabase;
+use intake_tests::OwnDatabase;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;

@@ -34,20 +34,22 @@ async fn refuse(db: &sqlx::PgPool, external_id: &str, sqlstate: &str) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-async fn own_stack(writer_args: &[&str]) -> (Stack, sqlx::PgPool) {
-    let url = own_database().await;
+/// A stack on a database of its own; the database is dropped after the stack stops.
+async fn own_stack(writer_args: &[&str]) -> (OwnDatabase, Stack, sqlx::PgPool) {
+    let own = OwnDatabase::create("isolation").await;
     let options = StackOptions {
-        database_url: Some(url.clone()),
+        database_url: Some(own.url.clone()),
         writer_args: writer_args.iter().map(|a| a.to_string()).collect(),
         ..Default::default()
     };
     let stack = Stack::start_with(options).await;
-    (stack, sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}")))
+    let db = own.pool().await;
+    (own, stack, db)
 }
 
 #[tokio::test]
 async fn a_refused_middle_chunk_leaves_the_first_chunk_and_nothing_after_it() {
-    let (stack, db) = own_stack(&[]).await;
+    let (_own, stack, db) = own_stack(&[]).await;
     let key = stack.workspace();
     let poison = format!("poison-{}", ulid::Ulid::new());
     refuse(&db, &poison, "P0001").await;
@@ -78,7 +80,7 @@ async fn a_refused_middle_chunk_leaves_the_first_chunk_and_nothing_after_it() {
 
 #[tokio::test]
 async fn poison_of_outage_like_classes_is_dead_lettered_and_its_partition_goes_on() {
-    let (stack, db) = own_stack(&[]).await;
+    let (_own, stack, db) = own_stack(&[]).await;
     let key = stack.workspace();
     for sqlstate in ["53200", "57014", "53100"] {
         let poison = format!("poison-{sqlstate}-{}", ulid::Ulid::new());

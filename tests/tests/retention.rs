@@ -4,12 +4,9 @@
 //! for the requests topic's window read back from Kafka, in ranges created ahead and dropped
 //! whole, and prunes erasure tombstones once no message sent before them can come back.
 
-#[path = "support/own_database.rs"]
-mod own_database;
-
 use intake_tests::serde_json::json;
+use intake_tests::OwnDatabase;
 use intake_tests::{conversion, env, Stack, StackOptions};
-use own_database::OwnDatabase;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;

@@ -1,15 +1,19 @@
 //! The soak's two-minute form (deploy/soak.sh runs 30 minutes): mixed traffic, retentions of
 //! seconds so that pruning happens inside the run, and the soak's own checks (nothing
 //! acknowledged missing, no growth of RSS, descriptors, p99 or the pruned tables after the
-//! warm-up). At a modest fixed rate, so that it runs beside the other tests.
+//! warm-up). At a modest fixed rate, so that it runs beside the other tests, on a database of
+//! its own: the pruned table's rows and ranges are the soak's alone, not those of the tests
+//! beside it (whose writers keep a day's window).
 
 use std::process::Command;
 
-#[test]
-fn a_two_minute_soak_keeps_everything_and_levels_off() {
+#[tokio::test]
+async fn a_two_minute_soak_keeps_everything_and_levels_off() {
+    let own = intake_tests::OwnDatabase::create("soak").await;
     let out = std::env::temp_dir().join(format!("intake-soak-{}", ulid::Ulid::new()));
     let output = Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .arg("soak")
+        .env("DATABASE_URL", &own.url)
         .env("INTAKE_SOAK_MINUTES", "2")
         .env("INTAKE_SOAK_SAMPLE_SECONDS", "10")
         .env("INTAKE_SOAK_RETENTION_MS", "20000")

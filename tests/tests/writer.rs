@@ -87,10 +87,10 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
 #[tokio::test]
 async fn draining_the_dead_letter_topic_never_lets_an_old_value_overwrite_a_newer_one() {
     // A trigger: on a database of the test's own (DDL on the shared one blocks every test).
-    let url = intake_tests::own_database().await;
-    let stack = Stack::start_with(StackOptions { database_url: Some(url.clone()), ..Default::default() }).await;
+    let own = intake_tests::OwnDatabase::create("writer").await;
+    let stack = Stack::start_with(StackOptions { database_url: Some(own.url.clone()), ..Default::default() }).await;
     let key = stack.workspace();
-    let db = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    let db = own.pool().await;
     let (x, y) = (format!("x-{}", ulid::Ulid::new()), format!("y-{}", ulid::Ulid::new()));
     let function = format!("refuse_{}", ulid::Ulid::new().to_string().to_lowercase());
     sqlx::raw_sql(&format!(
