@@ -363,7 +363,11 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String]) -> Vec<String>
             failures.push(format!("{name} grew from {first} to {end} after the warm-up (limit ×{limit})"));
         }
     }
-    // Pruned: the last third of the samples may not exceed the middle third by more than 20 %.
+    // Pruned: the last third's peak may not exceed the middle third's by more than 20 % plus one
+    // step. Whole ranges are dropped on a round's timer, so a healthy table's level moves in
+    // steps of about one interval's inflow, and which step a sample sees depends on how the
+    // sampling and the rounds drift against the ranges' bounds; a leak climbs a step in every
+    // interval and passes that within a third.
     let mut pruned: Vec<(&str, Vec<&str>)> = vec![
         ("applied_messages rows", vec!["tables", "applied_messages_rows"]),
         ("applied_messages size", vec!["tables", "applied_messages", "mib"]),
@@ -378,7 +382,8 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String]) -> Vec<String>
             let third = values.len() / 3;
             let middle = values[third..2 * third].iter().copied().fold(0.0, f64::max);
             let last = values[2 * third..].iter().copied().fold(0.0, f64::max);
-            if last > middle * 1.2 + 1.0 {
+            let step = values.windows(2).map(|pair| pair[1] - pair[0]).fold(0.0, f64::max);
+            if last > middle * 1.2 + step + 1.0 {
                 failures.push(format!("{name} does not level off: {middle} in the middle third, {last} in the last"));
             }
         }
@@ -447,5 +452,14 @@ mod tests {
         let unpruned: Vec<Value> = (0..12).map(|i| sample(50.0, i * 100)).collect();
         assert!(judge(&unpruned, 12.0, &[]).iter().any(|f| f.starts_with("applied_messages rows does not level off")));
         assert!(judge(&level, 12.0, &["x".into()])[0].contains("missing"));
+        // The two-minute soak's run on CI: one more range held for the last 40 s.
+        let stepped: Vec<Value> = [191, 382, 573, 764, 806, 806, 806, 805, 996, 996, 996, 995]
+            .into_iter()
+            .map(|rows| sample(50.0, rows))
+            .collect();
+        assert_eq!(judge(&stepped, 2.0, &[]), Vec::<String>::new());
+        // A leak that the pruner slows but does not stop still fails.
+        let slowed: Vec<Value> = (0..12).map(|i| sample(50.0, 400 + i * 60)).collect();
+        assert!(judge(&slowed, 12.0, &[]).iter().any(|f| f.starts_with("applied_messages rows does not level off")));
     }
 }
