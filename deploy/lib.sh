@@ -192,7 +192,10 @@ LOG4J
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
     pid="$(cat "$RUN/$name.pid")"
     for _ in $(seq 900); do
-        if tail -n +"$((log_lines + 1))" "$LOGS/$name.log" | grep -q "Kafka Server started"; then return 0; fi
+        # Not `tail | grep -q`: under pipefail, grep leaving early fails the pipe with SIGPIPE
+        # whenever more of a long log (a restart with many topics) follows the line.
+        if awk -v from="$log_lines" 'NR > from && /Kafka Server started/ { found = 1; exit } END { exit !found }' \
+            "$LOGS/$name.log"; then return 0; fi
         if ! kill -0 "$pid" 2>/dev/null; then
             say "Kafka node $name exited; the end of $LOGS/$name.log:"
             tail -n 20 "$LOGS/$name.log" >&2
