@@ -1,9 +1,9 @@
 //! The soak's two-minute form (deploy/soak.sh runs 30 minutes): mixed traffic, retentions of
 //! seconds so that pruning happens inside the run, and the soak's own checks (nothing
-//! acknowledged missing, no growth of RSS, descriptors, p99 or the pruned tables after the
-//! warm-up). At a modest fixed rate, so that it runs beside the other tests, on a database of
-//! its own: the pruned table's rows and ranges are the soak's alone, not those of the tests
-//! beside it (whose writers keep a day's window).
+//! acknowledged missing, no growth of RSS, descriptors or the pruned tables after the warm-up;
+//! p99 only in the long run, on a machine of its own). At a modest fixed rate, so that it runs
+//! beside the other tests, on a database of its own: the pruned table's rows and ranges are the
+//! soak's alone, not those of the tests beside it (whose writers keep a day's window).
 
 use std::process::Command;
 
@@ -18,6 +18,8 @@ async fn a_two_minute_soak_keeps_everything_and_levels_off() {
         .env("INTAKE_SOAK_SAMPLE_SECONDS", "10")
         .env("INTAKE_SOAK_RETENTION_MS", "20000")
         .env("INTAKE_SOAK_RATE", "300")
+        // The tests beside it move its latency more than it does; the 30-minute run checks p99.
+        .env("INTAKE_SOAK_CHECK_LATENCY", "0")
         .env("INTAKE_BENCH_OUT", &out)
         .output()
         .unwrap_or_else(|e| panic!("loadgen soak: {e}"));

@@ -10,7 +10,9 @@
 //!
 //! Settings: INTAKE_SOAK_MINUTES (30), INTAKE_SOAK_SAMPLE_SECONDS (60), INTAKE_SOAK_RETENTION_MS
 //! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of a 10 s
-//! batch_ingest), INTAKE_BENCH_OUT (soak.json and soak.md go there).
+//! batch_ingest), INTAKE_SOAK_CHECK_LATENCY (1; 0 when the machine is shared, as in the test
+//! suite, where the tests beside the soak move its p99 more than the soak does), INTAKE_BENCH_OUT
+//! (soak.json and soak.md go there).
 
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine;
@@ -31,6 +33,7 @@ struct Settings {
     sample: Duration,
     retention_ms: u64,
     rate: Option<f64>,
+    check_latency: bool,
     out_dir: std::path::PathBuf,
 }
 
@@ -43,6 +46,7 @@ pub async fn run() -> anyhow::Result<()> {
         sample: Duration::from_secs(setting("INTAKE_SOAK_SAMPLE_SECONDS", 60)),
         retention_ms: setting("INTAKE_SOAK_RETENTION_MS", 180_000),
         rate: std::env::var("INTAKE_SOAK_RATE").ok().and_then(|v| v.parse().ok()),
+        check_latency: setting("INTAKE_SOAK_CHECK_LATENCY", 1u8) != 0,
         out_dir: std::path::PathBuf::from(setting("INTAKE_BENCH_OUT", "bench".to_owned())),
     };
     std::fs::create_dir_all(&settings.out_dir)?;
@@ -81,7 +85,7 @@ pub async fn run() -> anyhow::Result<()> {
         }
     };
     // Per 10 requests: 6 singles (one in three with a parent), 2 batches, 1 re-send of a batch,
-    // 1 update of a single: 6 + 2·50 + 50 + 1 = 157 items.
+    // 1 re-send of a single: 6 + 2·50 + 50 + 1 = 157 items.
     let requests_per_s = (rate * 10.0 / 157.0).max(2.0);
     say(&format!(
         "soak: {:.0} items/s ({requests_per_s:.1} requests/s) for {} min, sampled every {} s; topics keep {} s",
@@ -101,7 +105,7 @@ pub async fn run() -> anyhow::Result<()> {
     let mut samples = Vec::new();
     let mut erasures = 0u64;
     for index in 0..samples_wanted {
-        let plan = mixed_plan(&keys, generator.clone(), next.clone(), acknowledged.clone());
+        let plan = mixed_plan(&keys, generator.clone(), next.clone(), acknowledged.clone(), requests_per_s);
         // An erasure in every interval, in parallel with the traffic.
         let erase = erase_someone(&stack, &keys, index);
         let to = targets(&stack);
@@ -112,6 +116,7 @@ pub async fn run() -> anyhow::Result<()> {
             "minute": round1((index + 1) as f64 * settings.sample.as_secs_f64() / 60.0),
             "requests": recorder.requests,
             "errors": recorder.errors,
+            "first_error": recorder.first_error,
             "p50_ms": round2(recorder.latency.value_at_quantile(0.5) as f64 / 1000.0),
             "p99_ms": round2(recorder.latency.value_at_quantile(0.99) as f64 / 1000.0),
             "gateway_rss_mib": rss_mib(&gateway_pids),
@@ -128,7 +133,7 @@ pub async fn run() -> anyhow::Result<()> {
     say("soak: checking that everything acknowledged is stored");
     let acked: Vec<(usize, String)> = std::mem::take(&mut *acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
     let missing = missing(&db, &keys, &acked).await?;
-    let failures = judge(&samples, settings.minutes, &missing);
+    let failures = judge(&samples, settings.minutes, &missing, settings.check_latency);
     let report = json!({
         "minutes": settings.minutes,
         "sample_seconds": settings.sample.as_secs(),
@@ -166,9 +171,14 @@ fn mixed_plan(
     generator: Arc<Generator>,
     next: Arc<std::sync::atomic::AtomicU64>,
     acknowledged: Acknowledged,
+    requests_per_s: f64,
 ) -> OpenPlan {
     use std::sync::atomic::Ordering;
     let keys = Arc::new(keys.to_vec());
+    // A re-send names a request sent about 10 s before it (10 s of requests is `requests_per_s`
+    // tens): long answered, so that it is answered as a re-send. One sent a moment before may
+    // still be in flight, and then either of the two is rightly answered as the first.
+    let back = (requests_per_s.ceil() as u64).max(1) * 10;
     Arc::new(move |_| {
         let k = next.fetch_add(1, Ordering::Relaxed);
         let workspace_of = |k: u64| (k as usize / 10) % keys.len();
@@ -177,12 +187,9 @@ fn mixed_plan(
         let record = |workspace: usize, ids: Vec<String>| {
             acknowledged.lock().unwrap_or_else(|p| p.into_inner()).extend(ids.into_iter().map(|id| (workspace, id)));
         };
-        // Re-sends name requests far enough back to have been answered: the batch of k - 2 (same
-        // ten, same workspace), the single of k - 19.
-        let slot = match (k % 10, k.checked_sub(19)) {
-            (8, _) => 8,
-            (9, Some(_)) => 9,
-            (9, None) => 0,
+        // Until there is a request that far back, slots 8 and 9 send new singles.
+        let slot = match (k % 10, k.checked_sub(back + 9)) {
+            (8 | 9, None) => 0,
             (slot, _) => slot,
         };
         match slot {
@@ -198,12 +205,13 @@ fn mixed_plan(
                 (post("/v1/conversions/batch", &keys[workspace], body), Expect::Status(200, SOAK_BATCH as u64))
             }
             8 => {
-                let earlier = k - 2;
+                // Slot 6 of a ten `back` requests before, in the same workspace's turn or not.
+                let earlier = k - back - 2;
                 let body = generator.batch(first_of(earlier), SOAK_BATCH);
                 (post("/v1/conversions/batch", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
             }
             _ => {
-                let earlier = k - 19;
+                let earlier = k - back - 9;
                 let body = generator.single(first_of(earlier), 0);
                 (post("/v1/conversions", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
             }
@@ -321,7 +329,7 @@ async fn missing(db: &sqlx::PgPool, keys: &[TestKey], acked: &[(usize, String)])
 
 /// The failures: missing data, growth after the warm-up sample (minute 5 of a 30-minute run; a
 /// sixth of the samples in general).
-pub fn judge(samples: &[Value], minutes: f64, missing: &[String]) -> Vec<String> {
+pub fn judge(samples: &[Value], minutes: f64, missing: &[String], check_latency: bool) -> Vec<String> {
     let mut failures = Vec::new();
     if !missing.is_empty() {
         failures.push(format!(
@@ -346,6 +354,9 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String]) -> Vec<String>
         ("writer descriptors", &["writer_fds"][..], 1.10),
         ("p99", &["p99_ms"][..], 2.0),
     ] {
+        if name == "p99" && !check_latency {
+            continue;
+        }
         let values = series(path);
         // Growth, not a moment's peak (a burst of connections, one slow request): the median of
         // the last third against the warm-up value, with a small absolute slack (a few
@@ -443,23 +454,40 @@ mod tests {
                 "erasure_tombstones": { "live_rows": 1 } }, "kafka_log_mib": 1.0 })
     }
 
+    fn merge(mut base: Value, over: Value) -> Value {
+        for (key, value) in over.as_object().into_iter().flatten() {
+            base[key] = value.clone();
+        }
+        base
+    }
+
     #[test]
     fn growth_after_the_warm_up_fails_and_a_plateau_passes() {
         let level: Vec<Value> = (0..12).map(|i| sample(50.0, if i < 4 { i * 100 } else { 400 })).collect();
-        assert_eq!(judge(&level, 12.0, &[]), Vec::<String>::new());
+        assert_eq!(judge(&level, 12.0, &[], true), Vec::<String>::new());
         let leaking: Vec<Value> = (0..12).map(|i| sample(50.0 + 3.0 * i as f64, 400)).collect();
-        assert!(judge(&leaking, 12.0, &[])[0].starts_with("gateway RSS grew"));
+        assert!(judge(&leaking, 12.0, &[], true)[0].starts_with("gateway RSS grew"));
         let unpruned: Vec<Value> = (0..12).map(|i| sample(50.0, i * 100)).collect();
-        assert!(judge(&unpruned, 12.0, &[]).iter().any(|f| f.starts_with("applied_messages rows does not level off")));
-        assert!(judge(&level, 12.0, &["x".into()])[0].contains("missing"));
+        assert!(judge(&unpruned, 12.0, &[], true)
+            .iter()
+            .any(|f| f.starts_with("applied_messages rows does not level off")));
+        assert!(judge(&level, 12.0, &["x".into()], true)[0].contains("missing"));
+        let slower: Vec<Value> = (0..12)
+            .map(|i| json!({ "p99_ms": if i < 6 { 10.0 } else { 50.0 } }))
+            .map(|p| merge(sample(50.0, 400), p))
+            .collect();
+        assert!(judge(&slower, 12.0, &[], true)[0].starts_with("p99 grew"));
+        assert_eq!(judge(&slower, 12.0, &[], false), Vec::<String>::new());
         // The two-minute soak's run on CI: one more range held for the last 40 s.
         let stepped: Vec<Value> = [191, 382, 573, 764, 806, 806, 806, 805, 996, 996, 996, 995]
             .into_iter()
             .map(|rows| sample(50.0, rows))
             .collect();
-        assert_eq!(judge(&stepped, 2.0, &[]), Vec::<String>::new());
+        assert_eq!(judge(&stepped, 2.0, &[], true), Vec::<String>::new());
         // A leak that the pruner slows but does not stop still fails.
         let slowed: Vec<Value> = (0..12).map(|i| sample(50.0, 400 + i * 60)).collect();
-        assert!(judge(&slowed, 12.0, &[]).iter().any(|f| f.starts_with("applied_messages rows does not level off")));
+        assert!(judge(&slowed, 12.0, &[], true)
+            .iter()
+            .any(|f| f.starts_with("applied_messages rows does not level off")));
     }
 }
