@@ -17,7 +17,12 @@ fi
 export PATH="$NEXTEST_VENV/bin:$PATH"
 
 # Lints first: a tree that is not formatted or not clippy-clean is red before any test runs.
-(cd "$REPO" && cargo fmt --all --check && cargo clippy --workspace --all-targets --quiet -- -D warnings)
+# Clippy compiles while the tools below download (network, not CPU), and is waited for before
+# the tests are built.
+(cd "$REPO" && cargo fmt --all --check)
+(cd "$REPO" && cargo clippy --workspace --all-targets --quiet -- -D warnings) &
+lints=$!
+trap 'kill "$lints" 2>/dev/null || true' EXIT
 
 # Schemathesis and the OpenAPI validator, from PyPI, in a virtualenv kept with the other tools.
 export INTAKE_PY_VENV="$INTAKE_CACHE/venv"
@@ -48,6 +53,8 @@ if ! cmp -s "$REPO/clients/typescript/package-lock.json" "$REPO/clients/typescri
     (cd "$REPO/clients/typescript" && npm ci --no-audit --no-fund --loglevel=error \
         && cp package-lock.json node_modules/.installed-lock)
 fi
+
+wait "$lints" || { say "clippy found warnings (above): fix them before the tests run"; exit 1; }
 
 create_database intake_test
 export DATABASE_URL="$(database_url intake_test)"
