@@ -24,11 +24,21 @@ pub struct Connection {
     /// host:port
     address: String,
     sender: Option<SendRequest<Full<Bytes>>>,
+    last_answer: std::time::Instant,
 }
+
+/// A connection idle this long is not reused: the gateway closes one idle for its keep-alive
+/// timeout (5 s by default), and a request sent as it closes is lost with the connection, the
+/// race every keep-alive client avoids by giving up its idle connections first.
+const REUSE_IDLE_AT_MOST: std::time::Duration = std::time::Duration::from_secs(4);
 
 impl Connection {
     pub fn new(base_url: &str) -> Connection {
-        Connection { address: base_url.trim_start_matches("http://").to_owned(), sender: None }
+        Connection {
+            address: base_url.trim_start_matches("http://").to_owned(),
+            sender: None,
+            last_answer: std::time::Instant::now(),
+        }
     }
 
     async fn connect(&self) -> anyhow::Result<SendRequest<Full<Bytes>>> {
@@ -43,7 +53,7 @@ impl Connection {
     /// last one broke). A transport error closes the connection and is returned.
     pub async fn send(&mut self, planned: &Planned) -> anyhow::Result<Answer> {
         let mut sender = match self.sender.take() {
-            Some(sender) if !sender.is_closed() => sender,
+            Some(sender) if !sender.is_closed() && self.last_answer.elapsed() < REUSE_IDLE_AT_MOST => sender,
             _ => self.connect().await?,
         };
         sender.ready().await?;
@@ -65,6 +75,7 @@ impl Connection {
         let status = response.status().as_u16();
         let body = response.into_body().collect().await?.to_bytes();
         self.sender = Some(sender);
+        self.last_answer = std::time::Instant::now();
         Ok(Answer { status, body })
     }
 }
