@@ -9,15 +9,15 @@
 //! broker deletes segments every 5 minutes) does not level off.
 //!
 //! Settings: INTAKE_SOAK_MINUTES (30), INTAKE_SOAK_SAMPLE_SECONDS (60), INTAKE_SOAK_RETENTION_MS
-//! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of a 10 s
-//! batch_ingest), INTAKE_SOAK_CHECK_LATENCY (1; 0 when the machine is shared, as in the test
+//! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of what a
+//! closed loop of 32 clients sending the soak's own mix gets through in 10 s), INTAKE_SOAK_CHECK_LATENCY (1; 0 when the machine is shared, as in the test
 //! suite, where the tests beside the soak move its p99 more than the soak does), INTAKE_BENCH_OUT
 //! (soak.json and soak.md go there).
 
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine;
-use crate::measure::{closed_loop, open_loop, round1, round2, Counted, Expect, OpenPlan};
-use crate::{post, say, setting, targets, Plans};
+use crate::measure::{closed_loop, open_loop, round1, round2, ClosedPlan, Counted, Expect, OpenPlan};
+use crate::{post, say, setting, targets};
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{Stack, StackOptions, TestKey};
 use std::collections::HashSet;
@@ -27,6 +27,9 @@ use std::time::Duration;
 const WORKSPACES: usize = 8;
 /// Items of a soak batch (the re-sends send them again).
 const SOAK_BATCH: usize = 50;
+/// Per 10 requests: 6 singles (one in three with a parent), 2 batches, 1 re-send of a batch,
+/// 1 re-send of a single: 6 + 2·50 + 50 + 1 items.
+const ITEMS_PER_10_REQUESTS: f64 = 157.0;
 
 struct Settings {
     minutes: f64,
@@ -71,22 +74,28 @@ pub async fn run() -> anyhow::Result<()> {
         .spawn()?;
     let mut writer = KillOnDrop(writer);
     let keys: Vec<TestKey> = (0..WORKSPACES).map(|_| stack.workspace()).collect();
-    let plans = Plans { keys: Arc::new(keys.clone()) };
     let db =
         sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&intake_tests::env("DATABASE_URL")).await?;
 
     let rate = match settings.rate {
         Some(rate) => rate,
         None => {
-            say("soak: measuring capacity (batch_ingest, 10 s)");
-            let plan = plans.batch_ingest(8, Arc::new(Generator::new("capacity")), Arc::new(Mutex::new(Vec::new())));
-            let measured = closed_loop(&targets(&stack), 8, Duration::from_secs(10), plan).await;
-            measured.rate(Counted::Items) / 2.0
+            // The capacity for this mix, not for 500-item batches: six requests in ten are
+            // singles, which cost per request what a batch costs per item.
+            say("soak: measuring capacity (the soak's own mix, 32 clients, 10 s)");
+            let mixed = mixed_plan(
+                &keys,
+                Arc::new(Generator::new("capacity")),
+                Arc::new(std::sync::atomic::AtomicU64::new(0)),
+                Arc::new(Mutex::new(Vec::new())),
+                100.0,
+            );
+            let plan: ClosedPlan = Arc::new(move |_, _| mixed(0));
+            let measured = closed_loop(&targets(&stack), 32, Duration::from_secs(10), plan).await;
+            measured.rate(Counted::Requests) * ITEMS_PER_10_REQUESTS / 10.0 / 2.0
         }
     };
-    // Per 10 requests: 6 singles (one in three with a parent), 2 batches, 1 re-send of a batch,
-    // 1 re-send of a single: 6 + 2·50 + 50 + 1 = 157 items.
-    let requests_per_s = (rate * 10.0 / 157.0).max(2.0);
+    let requests_per_s = (rate * 10.0 / ITEMS_PER_10_REQUESTS).max(2.0);
     say(&format!(
         "soak: {:.0} items/s ({requests_per_s:.1} requests/s) for {} min, sampled every {} s; topics keep {} s",
         rate,
