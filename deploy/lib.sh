@@ -92,10 +92,17 @@ start_postgres() {
     say "starting PostgreSQL on 127.0.0.1:$PG_PORT"
     # After a SIGKILL of the postmaster its backends take a moment to notice and release the
     # shared memory; until then a new postmaster refuses to start. Try again for a while.
+    # Sized for sustained writes rather than PostgreSQL's defaults (128 MB of shared buffers, a
+    # checkpoint every 1 GB of WAL): with those, a benchmark's run checkpointed every half
+    # minute, most of its WAL was full-page images (each first change of a page after a
+    # checkpoint logs the whole page, and every insert touches a page of each of ten indexes),
+    # and backends wrote out evicted pages themselves. docs/operations.md, "PostgreSQL".
+    local settings="-c shared_buffers=2GB -c max_wal_size=8GB -c min_wal_size=1GB"
+    settings+=" -c checkpoint_timeout=15min -c wal_compression=lz4"
     local attempt
     for attempt in $(seq 20); do
         as_postgres "$(pg_bin pg_ctl)" -D "$data" -l "$LOGS/postgres.log" -w \
-            -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300" start >/dev/null && break
+            -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k /tmp -c max_connections=300 $settings" start >/dev/null && break
         [ "$attempt" = 20 ] && { tail -n 20 "$LOGS/postgres.log" >&2; return 1; }
         sleep 1
     done
