@@ -9,10 +9,11 @@
 //! broker deletes segments every 5 minutes) does not level off.
 //!
 //! Settings: INTAKE_SOAK_MINUTES (30), INTAKE_SOAK_SAMPLE_SECONDS (60), INTAKE_SOAK_RETENTION_MS
-//! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of what a
-//! closed loop of 32 clients sending the soak's own mix gets through in 10 s), INTAKE_SOAK_CHECK_LATENCY (1; 0 when the machine is shared, as in the test
-//! suite, where the tests beside the soak move its p99 more than the soak does), INTAKE_BENCH_OUT
-//! (soak.json and soak.md go there).
+//! (180000: the topics' retention), INTAKE_SOAK_RATE (items/s; default half of what a closed
+//! loop of 32 clients sending the soak's own mix gets through in 10 s),
+//! INTAKE_SOAK_CHECK_LATENCY (1; 0 when the machine is shared, as in the test suite, where the
+//! tests beside the soak move its p99 more than the soak does), INTAKE_BENCH_OUT (soak.json and
+//! soak.md go there).
 
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine;
