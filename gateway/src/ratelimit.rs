@@ -3,30 +3,52 @@
 //! aligned to multiples of their length since the Unix epoch. A check is one atomic round trip:
 //! a Lua script that adds the cost only if it fits under the limit, so a refused request or write
 //! counts nothing. Redis unreachable or slow: the request passes (fail open).
+//!
+//! Checks of one counter that arrive while its round trip is out wait for the next and share
+//! it: the script takes their costs in arrival order and answers each as if it had been checked
+//! alone, one after the other. Counting stays exact; a busy key costs one round trip per burst
+//! instead of one per request. (Written here: the redis crate pipelines commands but does not
+//! merge them.)
 
 use crate::api_error::ApiError;
 use crate::metrics::{Limit, LimitLabels, Metrics};
 use redis::aio::ConnectionManager;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
-use tokio::sync::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, OnceCell};
 
 /// Counters outlive their window a little, for clock skew between gateways.
 const KEY_TTL_MARGIN_MS: u64 = 30_000;
 const WARN_INTERVAL_SECS: i64 = 10;
+/// Checks one round trip carries at most, so that a burst does not make one long script.
+const MAX_CHECKS_PER_ROUND: usize = 512;
 
-/// KEYS[1]: the window's counter. ARGV: cost, limit, ttl (ms). Returns {allowed (0/1), count}.
+/// KEYS[1]: the window's counter. ARGV: limit, ttl (ms), then the costs of the checks in the
+/// order they came. Each cost is added if it fits under the limit on top of those before it.
+/// Returns, per check, the count after it, or -1 when it was refused (and counted nothing).
 const SCRIPT: &str = r"
-local count = tonumber(redis.call('GET', KEYS[1]) or '0')
-local cost = tonumber(ARGV[1])
-if count + cost > tonumber(ARGV[2]) then
-  return {0, count}
+local limit = tonumber(ARGV[1])
+local before = tonumber(redis.call('GET', KEYS[1]) or '0')
+local count = before
+local answers = {}
+for i = 3, #ARGV do
+  local cost = tonumber(ARGV[i])
+  if count + cost <= limit then
+    count = count + cost
+    answers[#answers + 1] = count
+  else
+    answers[#answers + 1] = -1
+  end
 end
-count = redis.call('INCRBY', KEYS[1], cost)
-if count == cost then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if count > before then
+  redis.call('INCRBY', KEYS[1], count - before)
+  if before == 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
 end
-return {1, count}
+return answers
 ";
 
 /// The length of a rate-limit window.
@@ -73,15 +95,46 @@ pub struct Quota {
 }
 
 pub struct RateLimiter {
-    client: redis::Client,
-    connection: Mutex<Option<ConnectionManager>>,
-    script: redis::Script,
+    rounds: Arc<Rounds>,
     timeout: Duration,
     window: Window,
     requests_per_window: u64,
     conversions_per_window: u64,
     last_warning: AtomicI64,
     metrics: Metrics,
+}
+
+/// A check's answer from Redis: the count after it, or `None` when refused; or why Redis gave
+/// none.
+type Answer = Result<Option<u64>, String>;
+
+struct Waiter {
+    cost: u64,
+    /// When the request stops waiting for Redis and passes (fail open).
+    deadline: Instant,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// The checks of one counter waiting for its next round trip.
+struct Queue {
+    limit: u64,
+    waiters: Vec<Waiter>,
+}
+
+/// The checks one round trip carries, and when it must be over: the first's deadline.
+struct Round {
+    limit: u64,
+    deadline: Instant,
+    waiters: Vec<Waiter>,
+}
+
+/// The round trips to Redis; a counter has a queue while a round of it is out.
+struct Rounds {
+    client: redis::Client,
+    connection: OnceCell<ConnectionManager>,
+    script: redis::Script,
+    ttl_ms: u64,
+    queues: std::sync::Mutex<HashMap<String, Queue>>,
 }
 
 impl RateLimiter {
@@ -93,10 +146,15 @@ impl RateLimiter {
         conversions_per_window: u64,
         metrics: Metrics,
     ) -> anyhow::Result<Self> {
-        Ok(RateLimiter {
+        let rounds = Rounds {
             client: redis::Client::open(url)?,
-            connection: Mutex::new(None),
+            connection: OnceCell::new(),
             script: redis::Script::new(SCRIPT),
+            ttl_ms: window.millis + KEY_TTL_MARGIN_MS,
+            queues: Default::default(),
+        };
+        Ok(RateLimiter {
+            rounds: Arc::new(rounds),
             timeout,
             window,
             requests_per_window,
@@ -116,37 +174,19 @@ impl RateLimiter {
         // The window's length is part of the key: gateways started with different lengths count
         // in windows of their own instead of in each other's counters.
         let key = format!("intake:rl:{key_id}:{name}:{}ms:{index}", self.window.millis);
-        let (allowed, count) = match tokio::time::timeout(self.timeout, self.invoke(&key, cost, limit)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(error)) => return Ok(self.fail_open(&error.to_string())),
-            Err(_) => return Ok(self.fail_open("timed out")),
+        // The round that carries this check ends by the check's deadline, so the wait needs no
+        // timer of its own.
+        let deadline = Instant::now() + self.timeout;
+        let count = match Rounds::check(&self.rounds, key, limit, cost, deadline).await {
+            Ok(Ok(count)) => count,
+            Ok(Err(error)) => return Ok(self.fail_open(&error)),
+            Err(_) => return Ok(self.fail_open("the round trip was dropped")),
         };
-        if allowed == 0 {
+        let Some(count) = count else {
             self.metrics.ratelimit_refused.get_or_create(&LimitLabels { limit: label }).inc();
             return Err(ApiError::RateLimited { retry_after_secs: reset_secs });
-        }
-        Ok(Some(Quota { limit, remaining: limit.saturating_sub(count), reset_secs }))
-    }
-
-    async fn invoke(&self, key: &str, cost: u64, limit: u64) -> redis::RedisResult<(u64, u64)> {
-        let mut connection = {
-            let mut slot = self.connection.lock().await;
-            match slot.as_ref() {
-                Some(connection) => connection.clone(),
-                None => {
-                    let connection = ConnectionManager::new(self.client.clone()).await?;
-                    *slot = Some(connection.clone());
-                    connection
-                }
-            }
         };
-        self.script
-            .key(key)
-            .arg(cost)
-            .arg(limit)
-            .arg(self.window.millis + KEY_TTL_MARGIN_MS)
-            .invoke_async(&mut connection)
-            .await
+        Ok(Some(Quota { limit, remaining: limit.saturating_sub(count), reset_secs }))
     }
 
     fn fail_open(&self, reason: &str) -> Option<Quota> {
@@ -159,6 +199,85 @@ impl RateLimiter {
             tracing::warn!(reason, "rate limiter unavailable; letting requests through");
         }
         None
+    }
+}
+
+impl Rounds {
+    /// Queues the check for the counter's next round; the first check of an idle counter starts
+    /// the task that sends the rounds (a task, not the request, so that a client going away
+    /// cannot strand the checks queued behind it).
+    fn check(
+        rounds: &Arc<Rounds>,
+        key: String,
+        limit: u64,
+        cost: u64,
+        deadline: Instant,
+    ) -> oneshot::Receiver<Answer> {
+        let (answer, receiver) = oneshot::channel();
+        let waiter = Waiter { cost, deadline, answer };
+        let mut queues = rounds.queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match queues.get_mut(&key) {
+            Some(queue) => queue.waiters.push(waiter),
+            None => {
+                queues.insert(key.clone(), Queue { limit, waiters: vec![waiter] });
+                tokio::spawn(rounds.clone().send_rounds(key));
+            }
+        }
+        receiver
+    }
+
+    /// One round at a time until the counter's queue is empty, then the queue goes. A round
+    /// ends by the deadline of its first check, the earliest: a round still out then answers
+    /// every check of it "timed out". A check queued behind it was queued later, so its own
+    /// round still starts before its deadline.
+    async fn send_rounds(self: Arc<Self>, key: String) {
+        while let Some(Round { limit, deadline, waiters }) = self.next_round(&key) {
+            let costs: Vec<u64> = waiters.iter().map(|waiter| waiter.cost).collect();
+            let round = tokio::time::timeout_at(deadline.into(), self.round_trip(&key, limit, &costs));
+            let answers = match round.await {
+                Ok(Ok(answers)) if answers.len() == costs.len() => Ok(answers),
+                Ok(Ok(answers)) => Err(format!("{} answers to {} checks", answers.len(), costs.len())),
+                Ok(Err(error)) => Err(error.to_string()),
+                Err(_) => Err("timed out".to_owned()),
+            };
+            match answers {
+                Ok(answers) => {
+                    for (waiter, count) in waiters.into_iter().zip(answers) {
+                        let _gone = waiter.answer.send(Ok(u64::try_from(count).ok()));
+                    }
+                }
+                Err(error) => {
+                    for waiter in waiters {
+                        let _gone = waiter.answer.send(Err(error.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The checks queued for the counter's next round, or `None` (and the queue removed) when
+    /// there are none.
+    fn next_round(&self, key: &str) -> Option<Round> {
+        let mut queues = self.queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let queue = queues.get_mut(key)?;
+        let Some(first) = queue.waiters.first() else {
+            queues.remove(key);
+            return None;
+        };
+        let deadline = first.deadline;
+        let taken = queue.waiters.len().min(MAX_CHECKS_PER_ROUND);
+        Some(Round { limit: queue.limit, deadline, waiters: queue.waiters.drain(..taken).collect() })
+    }
+
+    async fn round_trip(&self, key: &str, limit: u64, costs: &[u64]) -> redis::RedisResult<Vec<i64>> {
+        let mut connection =
+            self.connection.get_or_try_init(|| ConnectionManager::new(self.client.clone())).await?.clone();
+        let mut invocation = self.script.key(key);
+        invocation.arg(limit).arg(self.ttl_ms);
+        for cost in costs {
+            invocation.arg(cost);
+        }
+        invocation.invoke_async(&mut connection).await
     }
 }
 

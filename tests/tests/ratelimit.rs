@@ -55,6 +55,15 @@ async fn sixty_four_concurrent_clients_get_exactly_600_requests_through() {
     let replies: Vec<Reply> = join_all(sends).await.into_iter().flatten().collect();
     let passed = replies.iter().filter(|r| r.status == 200).count();
     assert_eq!(passed, 600, "64 x 11 = 704 requests in one window");
+    // Concurrent checks share round trips to Redis; each is still answered as if counted alone,
+    // one after the other: every count from 1 to 600 was some request's.
+    let mut remaining: Vec<u64> = replies
+        .iter()
+        .filter(|r| r.status == 200)
+        .filter_map(|r| r.header("ratelimit-remaining").and_then(|v| v.parse().ok()))
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..600).collect::<Vec<u64>>(), "RateLimit-Remaining of the 600 passed");
     for reply in replies.iter().filter(|r| r.status != 200) {
         assert_rate_limited_within(reply, 15);
     }
@@ -143,6 +152,41 @@ async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
         .await
         .unwrap_or(-1);
     assert_eq!(stored, 6 + 2 + 1, "nothing of the refused writes was written");
+}
+
+#[tokio::test]
+async fn concurrent_writes_are_counted_as_if_one_after_the_other() {
+    let stack = Stack::start_with(StackOptions {
+        conversions_per_minute: 10,
+        rate_limit_window_ms: 10_000,
+        gateway_args: vec!["--redis-timeout-ms".into(), "2000".into()],
+        ..StackOptions::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
+    // In any order, two batches of 4 and the single fit under 10 and one batch of 4 does not.
+    let batch = |n: usize| json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()});
+    let client = stack.client();
+    let sends = [4, 4, 4, 1].map(|n| {
+        let (client, bearer, body) = (client.clone(), key.bearer(), batch(n));
+        async move { (n, client.send(Method::POST, "/v1/conversions/batch", Some(&bearer), Some(&body)).await) }
+    });
+    let replies = join_all(sends).await;
+    let refused: Vec<usize> = replies.iter().filter(|(_, r)| r.status == 429).map(|(n, _)| *n).collect();
+    assert_eq!(refused, vec![4], "{replies:?}");
+    for (_, reply) in replies.iter().filter(|(_, r)| r.status != 429) {
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or(-1);
+    assert_eq!(stored, 9);
+    assert_rate_limited(&stack.post("/v1/conversions/batch", &key, &batch(2)).await);
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201, "the tenth");
 }
 
 #[tokio::test]
