@@ -206,13 +206,7 @@ impl Rounds {
     /// Queues the check for the counter's next round; the first check of an idle counter starts
     /// the task that sends the rounds (a task, not the request, so that a client going away
     /// cannot strand the checks queued behind it).
-    fn check(
-        rounds: &Arc<Rounds>,
-        key: String,
-        limit: u64,
-        cost: u64,
-        deadline: Instant,
-    ) -> oneshot::Receiver<Answer> {
+    fn check(rounds: &Arc<Rounds>, key: String, limit: u64, cost: u64, deadline: Instant) -> oneshot::Receiver<Answer> {
         let (answer, receiver) = oneshot::channel();
         let waiter = Waiter { cost, deadline, answer };
         let mut queues = rounds.queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
