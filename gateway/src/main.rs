@@ -181,7 +181,7 @@ const fn ms(millis: u64) -> Duration {
 async fn main() -> anyhow::Result<()> {
     intake_common::reference::print_if_asked::<Config>();
     let config = Config::parse();
-    init_logging(&config.log);
+    let _log = init_logging(&config.log);
     log_panics_without_their_message();
     if config.keep_alive_timeout_ms > config.header_read_timeout_ms {
         anyhow::bail!("--keep-alive-timeout-ms must not exceed --header-read-timeout-ms");

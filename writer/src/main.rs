@@ -279,10 +279,13 @@ enum KeyCommand {
 async fn main() {
     intake_common::reference::print_if_asked::<Cli>();
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    let log = init_logging(&cli.log);
     // An explicit exit: a blocking task still waiting for an unreachable broker at shutdown
     // must not hold the process (the writer's shutdown is bounded, docs/operations.md, "Shutdown").
-    match execute(cli.command).await {
+    // The log is written out first.
+    let outcome = execute(cli.command).await;
+    drop(log);
+    match outcome {
         Ok(output) => {
             println!("{output}");
             std::process::exit(0)
