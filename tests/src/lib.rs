@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 pub use serde_json;
 
+pub mod raw_http1;
+
 pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with deploy/test.sh"))
 }

@@ -4,106 +4,13 @@
 //! overload is refused with 503 before the body is read, a write has one deadline, and an
 //! unknown key costs one query.
 
+use intake_tests::raw_http1::Raw;
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, free_port, join_all, wait_until, Stack, StackOptions};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|a| (*a).to_owned()).collect()
-}
-
-/// One HTTP/1.1 connection driven by hand: for clients a well-behaved library will not be
-/// (half a head, a body that never comes) and to see exactly when the server closes.
-struct Raw {
-    stream: TcpStream,
-    buffered: Vec<u8>,
-}
-
-#[derive(Debug)]
-struct RawResponse {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Value,
-}
-
-impl RawResponse {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-
-    /// The error code, after checking the body's request_id against X-Request-ID.
-    fn error_code(&self) -> &str {
-        let request_id = self.header("x-request-id").unwrap_or_else(|| panic!("no X-Request-ID: {self:?}"));
-        assert_eq!(self.body["error"]["request_id"], json!(request_id), "{self:?}");
-        self.body["error"]["code"].as_str().unwrap_or_else(|| panic!("no error code: {self:?}"))
-    }
-}
-
-impl Raw {
-    async fn connect(stack: &Stack) -> Raw {
-        let address = stack.base_url.trim_start_matches("http://");
-        let stream = TcpStream::connect(address).await.unwrap_or_else(|e| panic!("connect: {e}"));
-        Raw { stream, buffered: Vec::new() }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.unwrap_or_else(|e| panic!("write: {e}"));
-    }
-
-    /// Reads more into the buffer; false when the server closed (or reset) the connection.
-    async fn fill(&mut self) -> bool {
-        let mut chunk = [0u8; 8192];
-        match self.stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => false,
-            Ok(read) => {
-                self.buffered.extend_from_slice(&chunk[..read]);
-                true
-            }
-        }
-    }
-
-    /// The next response (with a Content-Length body), or None if the connection closed first.
-    async fn response(&mut self) -> Option<RawResponse> {
-        let head_end = loop {
-            if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
-            }
-            if !self.fill().await {
-                return None;
-            }
-        };
-        let head = String::from_utf8_lossy(&self.buffered[..head_end]).into_owned();
-        let mut lines = head.split("\r\n");
-        let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-            .collect();
-        let length: usize =
-            headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
-        while self.buffered.len() < head_end + 4 + length {
-            if !self.fill().await {
-                return None;
-            }
-        }
-        let body: Vec<u8> = self.buffered.drain(..head_end + 4 + length).skip(head_end + 4).collect();
-        let body = serde_json_value(&body);
-        Some(RawResponse { status, headers, body })
-    }
-
-    /// How long until the server closes the connection, waiting at most `patience`.
-    async fn closed_after(&mut self, patience: Duration) -> Option<Duration> {
-        let started = Instant::now();
-        let read_to_end = async { while self.fill().await {} };
-        tokio::time::timeout(patience, read_to_end).await.ok().map(|()| started.elapsed())
-    }
-}
-
-fn serde_json_value(bytes: &[u8]) -> Value {
-    intake_tests::serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 fn get(path: &str) -> Vec<u8> {

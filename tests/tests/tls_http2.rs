@@ -4,6 +4,7 @@
 //! each test.
 
 use bytes::Bytes;
+use intake_tests::raw_http1::Raw;
 use intake_tests::serde_json::{self, Value};
 use intake_tests::{conversion, Stack, StackOptions, TestKey};
 use std::path::{Path, PathBuf};
@@ -535,67 +536,6 @@ async fn start_of_a_window(needed: u64) {
     }
 }
 
-/// One HTTP/1.1 connection driven by hand, to see whether the server keeps it.
-struct Raw {
-    stream: TcpStream,
-    buffered: Vec<u8>,
-}
-
-#[derive(Debug)]
-struct RawResponse {
-    status: u16,
-    headers: Vec<(String, String)>,
-}
-
-impl RawResponse {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-impl Raw {
-    async fn connect(stack: &Stack) -> Raw {
-        let stream = TcpStream::connect(("127.0.0.1", port(stack))).await.unwrap_or_else(|e| panic!("connect: {e}"));
-        Raw { stream, buffered: Vec::new() }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.unwrap_or_else(|e| panic!("write: {e}"));
-    }
-
-    /// The next response, or None if the connection closed first.
-    async fn response(&mut self) -> Option<RawResponse> {
-        let head_end = loop {
-            if let Some(at) = self.buffered.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
-            }
-            let mut chunk = [0u8; 8192];
-            match self.stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(read) => self.buffered.extend_from_slice(&chunk[..read]),
-            }
-        };
-        let head = String::from_utf8_lossy(&self.buffered[..head_end]).into_owned();
-        let mut lines = head.split("\r\n");
-        let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|line| line.split_once(':'))
-            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-            .collect();
-        let length: usize =
-            headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
-        while self.buffered.len() < head_end + 4 + length {
-            let mut chunk = [0u8; 8192];
-            match self.stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return None,
-                Ok(read) => self.buffered.extend_from_slice(&chunk[..read]),
-            }
-        }
-        self.buffered.drain(..head_end + 4 + length);
-        Some(RawResponse { status, headers })
-    }
-}
-
 fn post_head(authorization: &str, length: usize) -> Vec<u8> {
     format!("POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nAuthorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
         .into_bytes()
@@ -637,7 +577,7 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
     large.send(&post_head(&key.bearer(), 100 * 1024)).await;
     let refused = large.response().await.unwrap_or_else(|| panic!("closed without a response"));
     assert_eq!((refused.status, refused.header("connection")), (429, Some("close")), "{refused:?}");
-    assert!(closed_after(&mut large.stream, Duration::from_secs(5)).await.is_some(), "closed");
+    assert!(large.closed_after(Duration::from_secs(5)).await.is_some(), "closed");
 
     // A small body that never comes: answered at once, closed after the drain deadline (1 s).
     let mut late = Raw::connect(&stack).await;
@@ -646,7 +586,7 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
     assert_eq!(late.response().await.map(|r| r.status), Some(429));
     // Answered without waiting for the body (the drain deadline is 1 s).
     assert!(started.elapsed() < Duration::from_millis(900), "answered after {:?}", started.elapsed());
-    assert!(closed_after(&mut late.stream, Duration::from_secs(5)).await.is_some(), "still open");
+    assert!(late.closed_after(Duration::from_secs(5)).await.is_some(), "still open");
     let closed = started.elapsed();
     assert!(closed >= Duration::from_millis(900) && closed < Duration::from_secs(4), "closed after {closed:?}");
 
@@ -657,8 +597,8 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
         .await;
     assert_eq!(chunked.response().await.map(|r| r.status), Some(429));
     let chunk = format!("{:x}\r\n{}\r\n", 70 * 1024, "a".repeat(70 * 1024));
-    let _ = chunked.stream.write_all(chunk.as_bytes()).await;
-    assert!(closed_after(&mut chunked.stream, Duration::from_secs(5)).await.is_some(), "closed after 64 KiB");
+    let _ = chunked.try_send(chunk.as_bytes()).await;
+    assert!(chunked.closed_after(Duration::from_secs(5)).await.is_some(), "closed after 64 KiB");
 }
 
 #[tokio::test]
