@@ -9,7 +9,7 @@ use crate::overload::WorkspaceTicket;
 use crate::ratelimit::Counter;
 use crate::request_body::RequestBody;
 use crate::response::{json, Response};
-use crate::sink::WriteError;
+use crate::sink::{ChunkedWrite, WriteError};
 use crate::state::AppState;
 use intake_common::config::now_ms;
 use intake_common::conversion::{Conversion, ValidConversion, Warning};
@@ -142,7 +142,14 @@ impl Write<'_> {
         let Write { state, principal, context, received_at_ms, ticket } = self;
         state
             .writes
-            .write(&context.id, &principal.workspace_id, chunks, *received_at_ms, context.started, ticket.as_ref())
+            .write(ChunkedWrite {
+                request_id: &context.id,
+                workspace_id: &principal.workspace_id,
+                chunks,
+                received_at_ms: *received_at_ms,
+                started: context.started,
+                ticket: ticket.as_ref(),
+            })
             .await
             .map_err(|error: WriteError| {
                 state.metrics.write_failures.inc();

@@ -25,20 +25,22 @@ pub enum WriteError {
     Expired,
 }
 
+/// All the chunks of one request, for one deadline.
+pub struct ChunkedWrite<'a> {
+    pub request_id: &'a str,
+    pub workspace_id: &'a str,
+    pub chunks: Vec<Vec<Conversion>>,
+    pub received_at_ms: i64,
+    /// When the request arrived: the deadline counts from here.
+    pub started: std::time::Instant,
+    /// Counts each chunk against its workspace's admission until it is answered.
+    pub ticket: Option<&'a WorkspaceTicket>,
+}
+
 /// Writes a request's chunks and answers with each item's result, chunk by chunk, in order.
 pub trait WriteSink: Send + Sync {
-    /// All the chunks of one request, within one deadline counted from `started` (when the
-    /// request arrived). On an error, earlier chunks may be committed (docs/api.md, "POST /v1/conversions/batch").
-    /// The `ticket` counts each chunk against its workspace's admission until it is answered.
-    fn write<'a>(
-        &'a self,
-        request_id: &'a str,
-        workspace_id: &'a str,
-        chunks: Vec<Vec<Conversion>>,
-        received_at_ms: i64,
-        started: std::time::Instant,
-        ticket: Option<&'a WorkspaceTicket>,
-    ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>>;
+    /// On an error, earlier chunks may be committed (docs/api.md, "POST /v1/conversions/batch").
+    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>>;
 
     /// For readiness: `Ok` when a write could be made now, else what fails.
     fn probe(&self) -> BoxFuture<'_, Result<(), String>>;
@@ -49,8 +51,7 @@ pub use memory::{MemorySink, Outcome};
 
 #[cfg(test)]
 mod memory {
-    use super::{BoxFuture, WriteError, WriteSink};
-    use crate::overload::WorkspaceTicket;
+    use super::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
     use intake_common::conversion::Conversion;
     use intake_common::ids;
     use intake_common::message::{ItemResult, WriteResult};
@@ -127,15 +128,8 @@ mod memory {
     }
 
     impl WriteSink for MemorySink {
-        fn write<'a>(
-            &'a self,
-            _request_id: &'a str,
-            workspace_id: &'a str,
-            chunks: Vec<Vec<Conversion>>,
-            _received_at_ms: i64,
-            _started: std::time::Instant,
-            _ticket: Option<&'a WorkspaceTicket>,
-        ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+        fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+            let ChunkedWrite { workspace_id, chunks, .. } = write;
             let outcome = lock(&self.outcome).clone();
             lock(&self.chunks).extend(chunks.iter().cloned());
             Box::pin(async move {

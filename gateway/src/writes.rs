@@ -5,9 +5,8 @@
 
 use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
-use crate::sink::{BoxFuture, WriteError, WriteSink};
+use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
-use intake_common::conversion::Conversion;
 use intake_common::ids;
 use intake_common::kafka;
 use intake_common::message::{ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1};
@@ -105,16 +104,9 @@ impl WriteClient {
     /// per broker (common/src/kafka.rs), so chunks of one partition keep their order through
     /// retries, and a batch costs one round trip instead of one per chunk. On an error, earlier chunks may be committed
     /// (docs/api.md, "POST /v1/conversions/batch").
-    async fn request_reply(
-        &self,
-        request_id: &str,
-        workspace_id: &str,
-        chunks: Vec<Vec<Conversion>>,
-        received_at_ms: i64,
-        request_started: std::time::Instant,
-        ticket: Option<&WorkspaceTicket>,
-    ) -> Result<Vec<Vec<ItemResult>>, WriteError> {
-        let deadline = Instant::from_std(request_started) + self.timeout;
+    async fn request_reply(&self, write: ChunkedWrite<'_>) -> Result<Vec<Vec<ItemResult>>, WriteError> {
+        let ChunkedWrite { request_id, workspace_id, chunks, received_at_ms, started, ticket } = write;
+        let deadline = Instant::from_std(started) + self.timeout;
         let left = deadline.saturating_duration_since(Instant::now());
         let margin = self.clock_skew_margin.min(self.timeout / 2);
         let deadline_ms = now_ms() + i64::try_from(left.saturating_sub(margin).as_millis()).unwrap_or(i64::MAX);
@@ -189,16 +181,8 @@ impl WriteClient {
 }
 
 impl WriteSink for WriteClient {
-    fn write<'a>(
-        &'a self,
-        request_id: &'a str,
-        workspace_id: &'a str,
-        chunks: Vec<Vec<Conversion>>,
-        received_at_ms: i64,
-        started: std::time::Instant,
-        ticket: Option<&'a WorkspaceTicket>,
-    ) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
-        Box::pin(self.request_reply(request_id, workspace_id, chunks, received_at_ms, started, ticket))
+    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+        Box::pin(self.request_reply(write))
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), String>> {
