@@ -521,3 +521,29 @@ async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_va
     assert!(fields["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{fields}");
     assert!(!gateway_log.contains("logline-secret") && !gateway_log.contains("not valid!"), "no value is logged");
 }
+
+#[tokio::test]
+async fn a_log_destination_that_takes_nothing_holds_up_no_request() {
+    let stack = Stack::start().await;
+    // stderr a pipe that is never read: it is full after 64 KiB, a few hundred lines.
+    let (port, ops_port) = (free_port(), free_port());
+    let mut gateway = stack.gateway_command(port, ops_port, 1);
+    gateway.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    let mut gateway = gateway.spawn().unwrap_or_else(|e| panic!("{e}"));
+    let base = format!("http://127.0.0.1:{port}");
+    let http = stack.http.clone();
+    let get = |path: &'static str| {
+        let (http, url) = (http.clone(), format!("{base}{path}"));
+        async move { http.get(url).send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    wait_until("the gateway serves", Duration::from_secs(30), || async { get("/v1/openapi.json").await == 200 }).await;
+    // Each request logs a line of about 200 bytes: 3,000 of them are ten pipes' worth.
+    let started = Instant::now();
+    for batch in 0..30 {
+        let statuses = join_all((0..100).map(|_| get("/v1/nothing-here"))).await;
+        assert!(statuses.iter().all(|s| *s == 404), "batch {batch}: {statuses:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(30), "3,000 requests took {:?}", started.elapsed());
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
