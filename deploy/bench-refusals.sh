@@ -26,16 +26,8 @@ fi
 writer="$CARGO_TARGET_DIR/release/intake-writer"
 [ -x "$writer" ] || writer="$CARGO_TARGET_DIR/debug/intake-writer"
 
-database=intake_bench_refusals
-psql -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "DROP DATABASE IF EXISTS $database" -c "CREATE DATABASE $database"
-export DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/$database"
-export INTAKE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
-prefix="refusals$(date +%s)"
-export INTAKE_REQUESTS_TOPIC="$prefix.requests" INTAKE_REPLIES_TOPIC="$prefix.replies" INTAKE_DLQ_TOPIC="$prefix.dlq"
-"$writer" migrate >/dev/null
-"$writer" topics >/dev/null
-workspace="$("$writer" workspace create --name Bench --site bench.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
-key="$("$writer" key create --workspace "$workspace" --scopes workspace:read,conversions:write | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')"
+bench_key intake_bench_refusals "$writer"
+key="$BENCH_KEY"
 
 port=28480
 base="http://127.0.0.1:$port"

@@ -119,6 +119,22 @@ create_database() {
 
 database_url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$1"; }
 
+# bench_key DATABASE WRITER: for a benchmark script's own gateways, database DATABASE (dropped
+# and created again, migrated) and topics of its own, exported with the brokers and Redis as the
+# programs' settings; one workspace, whose key (every scope) goes into BENCH_KEY.
+bench_key() {
+    local database="$1" writer="$2" prefix workspace
+    psql -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "DROP DATABASE IF EXISTS $database" -c "CREATE DATABASE $database"
+    export DATABASE_URL="$(database_url "$database")"
+    export INTAKE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+    prefix="$database$(date +%s)"
+    export INTAKE_REQUESTS_TOPIC="$prefix.requests" INTAKE_REPLIES_TOPIC="$prefix.replies" INTAKE_DLQ_TOPIC="$prefix.dlq"
+    "$writer" migrate >/dev/null
+    "$writer" topics >/dev/null
+    workspace="$("$writer" workspace create --name Bench --site bench.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
+    BENCH_KEY="$("$writer" key create --workspace "$workspace" --scopes workspace:read,conversions:write | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')"
+}
+
 start_redis() {
     if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then return; fi
     say "starting Redis on 127.0.0.1:$REDIS_PORT"
