@@ -54,21 +54,16 @@ pub fn now_ms() -> i64 {
     i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
-/// Keeps the log's writing thread; dropped, it writes out what is still queued.
-pub type LogGuard = tracing_appender::non_blocking::WorkerGuard;
+pub use crate::log_writer::LogGuard;
 
-/// Structured log lines to stderr. Request bodies are never logged anywhere in the project.
-///
-/// A thread of its own writes them: a line costs its caller a send on a channel, not a write
-/// to stderr under stderr's lock (at tens of thousands of requests a second, the gateway's
-/// access log took a third of its time that way). The thread writes the lines queued meanwhile
-/// in one write. A log that cannot keep up loses lines past 128,000 queued rather than hold
-/// requests. Hold the guard until the process ends.
+/// Structured log lines to stderr, through a buffer that a thread of its own writes
+/// (`log_writer.rs`): a request never waits on the log. Request bodies are never logged
+/// anywhere in the project. Hold the guard until the process ends.
 #[must_use = "dropping the guard stops the log"]
 pub fn init_logging(args: &LogArgs) -> LogGuard {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
+    let (writer, guard) = crate::log_writer::buffered_stderr();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     if args.json {
         builder.json().init();

@@ -13,6 +13,7 @@ pub use intake_model::{conversion, error, ids, message, normalize, validate};
 pub mod config;
 #[cfg(feature = "service")]
 pub mod kafka;
+pub mod log_writer;
 pub mod reference;
 #[cfg(feature = "service")]
 pub mod service;

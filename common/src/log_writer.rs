@@ -1,0 +1,152 @@
+//! Where log lines go: a buffer in memory that a thread of its own writes to stderr every few
+//! milliseconds. A line costs its caller a copy under a short lock, never a write to stderr:
+//! at tens of thousands of requests a second, the access log written on the request path cost
+//! a write call a request and held every request behind a log destination that stopped taking
+//! lines (a stuck pipe).
+//!
+//! Written here rather than with `tracing-appender`'s non-blocking writer: that one wakes its
+//! thread for every line, and at the gateway's rate the wake-ups cost more than the writes did.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long a line waits in the buffer at most, while stderr takes what it is given.
+const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
+/// Past this much unwritten, new lines are dropped (and counted) instead of held.
+const MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
+
+struct Shared {
+    buffer: Mutex<Vec<u8>>,
+    stop: AtomicBool,
+    wake: Condvar,
+    dropped: AtomicU64,
+}
+
+/// The `MakeWriter` of the log: clones share one buffer.
+#[derive(Clone)]
+pub struct BufferedStderr {
+    shared: Arc<Shared>,
+}
+
+/// Keeps the writing thread; dropped, it writes out what is buffered and stops.
+pub struct LogGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The writer of the log and the guard of its thread.
+pub fn buffered_stderr() -> (BufferedStderr, LogGuard) {
+    let shared = Arc::new(Shared {
+        buffer: Mutex::new(Vec::with_capacity(64 * 1024)),
+        stop: AtomicBool::new(false),
+        wake: Condvar::new(),
+        dropped: AtomicU64::new(0),
+    });
+    let writer = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(move || write_until_stopped(&writer, &mut std::io::stderr()))
+        .ok();
+    (BufferedStderr { shared: shared.clone() }, LogGuard { shared, thread })
+}
+
+fn lock(buffer: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    buffer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every interval (or when stopped), takes what is buffered and writes it in one write.
+fn write_until_stopped(shared: &Shared, out: &mut impl Write) {
+    let mut spare = Vec::with_capacity(64 * 1024);
+    loop {
+        let stopping = {
+            let buffer = lock(&shared.buffer);
+            let (mut buffer, _) = shared
+                .wake
+                .wait_timeout_while(buffer, FLUSH_INTERVAL, |_| !shared.stop.load(Ordering::Relaxed))
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::swap(&mut *buffer, &mut spare);
+            shared.stop.load(Ordering::Relaxed)
+        };
+        let dropped = shared.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            let _ = writeln!(out, "the log could not keep up: {dropped} lines dropped");
+        }
+        if !spare.is_empty() {
+            let _ = out.write_all(&spare);
+            let _ = out.flush();
+            spare.clear();
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Write for BufferedStderr {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let mut buffer = lock(&self.shared.buffer);
+        if buffer.len() + line.len() > MAX_BUFFERED_BYTES {
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            buffer.extend_from_slice(line);
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for BufferedStderr {
+    type Writer = BufferedStderr;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_written_in_order_and_what_is_buffered_is_written_on_stop() {
+        let (mut writer, guard) = buffered_stderr();
+        let shared = guard.shared.clone();
+        drop(guard);
+        writer.write_all(b"one\n").unwrap_or_else(|e| panic!("{e}"));
+        writer.write_all(b"two\n").unwrap_or_else(|e| panic!("{e}"));
+        let mut out = Vec::new();
+        write_until_stopped(&shared, &mut out);
+        assert_eq!(out, b"one\ntwo\n");
+    }
+
+    #[test]
+    fn a_full_buffer_drops_lines_and_says_how_many() {
+        let (mut writer, guard) = buffered_stderr();
+        let shared = guard.shared.clone();
+        drop(guard);
+        let line = vec![b'x'; MAX_BUFFERED_BYTES / 2];
+        for _ in 0..3 {
+            writer.write_all(&line).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut out = Vec::new();
+        write_until_stopped(&shared, &mut out);
+        assert!(out.starts_with(b"the log could not keep up: 1 lines dropped\n"));
+        assert_eq!(out.len() - out.iter().position(|b| *b == b'x').unwrap_or(0), MAX_BUFFERED_BYTES);
+    }
+}
