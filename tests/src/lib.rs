@@ -335,6 +335,10 @@ impl Stack {
         crc32fast::hash(workspace_id.as_bytes()) % self.options.request_partitions
     }
 
+    pub fn request_partitions(&self) -> u32 {
+        self.options.request_partitions
+    }
+
     /// The stack's requests topic has `count` partitions now (after `topics` grew it).
     pub fn set_request_partitions(&mut self, count: u32) {
         self.options.request_partitions = count;
