@@ -48,12 +48,7 @@ trap 'kill $gateway 2>/dev/null; wait $gateway 2>/dev/null' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$((port + 1))/readyz" >/dev/null && break; sleep 0.2; done
 
 script="$(mktemp --suffix .lua)"
-cat >"$script" <<LUA
-wrk.method = "POST"
-wrk.headers["Authorization"] = "Bearer $key"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"event":"lead","external_id":"bench-1","occurred_at":$(date +%s)000,"email":"bench@example.com"}'
-LUA
+wrk_post_script "$script" "Bearer $key" "{\"event\":\"lead\",\"external_id\":\"bench-1\",\"occurred_at\":$(date +%s)000,\"email\":\"bench@example.com\"}"
 curl -sk -o /dev/null -H "Authorization: Bearer $key" "$base/v1/workspace"
 # The gateway's CPU time (user + system, in clock ticks) tells its cost per request even on a
 # machine whose other load moves the requests a second.

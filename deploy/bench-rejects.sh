@@ -35,12 +35,7 @@ body='{"event":"not a valid event!","external_id":"bench-invalid","occurred_at":
 for path in reject_401 reject_422; do
     authorization="Bearer $BENCH_KEY"
     [ "$path" = reject_401 ] && authorization="Bearer svc_live_bench0unknown0key0000000000000000"
-    cat >"$scripts/$path.lua" <<LUA
-wrk.method = "POST"
-wrk.headers["Authorization"] = "$authorization"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '$body'
-LUA
+    wrk_post_script "$scripts/$path.lua" "$authorization" "$body"
 done
 
 redis_calls() { redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[:=,]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }

@@ -119,6 +119,17 @@ create_database() {
 
 database_url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$1"; }
 
+# wrk_post_script FILE AUTHORIZATION BODY: a wrk script that POSTs BODY (JSON, without single
+# quotes) with that Authorization header.
+wrk_post_script() {
+    cat >"$1" <<LUA
+wrk.method = "POST"
+wrk.headers["Authorization"] = "$2"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '$3'
+LUA
+}
+
 # bench_key DATABASE WRITER: for a benchmark script's own gateways, database DATABASE (dropped
 # and created again, migrated) and topics of its own, exported with the brokers and Redis as the
 # programs' settings; one workspace, whose key (every scope) goes into BENCH_KEY.

@@ -13,6 +13,12 @@ fn short() -> StackOptions {
     StackOptions { rate_limit_window_ms: 5_000, ..StackOptions::default() }
 }
 
+/// For tests of exact counting, not of failing open: Redis gets time to answer on a loaded
+/// machine.
+fn counted_exactly(options: StackOptions) -> StackOptions {
+    StackOptions { gateway_args: vec!["--redis-timeout-ms".into(), "2000".into()], ..options }
+}
+
 /// 429 rate_limited, with a Retry-After of whole seconds within a window of `window_secs`.
 fn assert_rate_limited_within(reply: &Reply, window_secs: u64) {
     assert_eq!((reply.status, reply.error_code()), (429, "rate_limited"), "{reply:?}");
@@ -32,13 +38,9 @@ fn secs_to_the_minute_end() -> u64 {
 
 #[tokio::test]
 async fn sixty_four_concurrent_clients_get_exactly_600_requests_through() {
-    // Exact counting is tested, not failing open: Redis gets time to answer on a loaded machine.
-    let stack = Stack::start_with(StackOptions {
-        rate_limit_window_ms: 15_000,
-        gateway_args: vec!["--redis-timeout-ms".into(), "2000".into()],
-        ..StackOptions::default()
-    })
-    .await;
+    let stack =
+        Stack::start_with(counted_exactly(StackOptions { rate_limit_window_ms: 15_000, ..StackOptions::default() }))
+            .await;
     let key = stack.workspace();
     let window_end = stack.window_with_at_least(Duration::from_secs(10)).await;
     let client = stack.client();
@@ -156,12 +158,11 @@ async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
 
 #[tokio::test]
 async fn concurrent_writes_are_counted_as_if_one_after_the_other() {
-    let stack = Stack::start_with(StackOptions {
+    let stack = Stack::start_with(counted_exactly(StackOptions {
         conversions_per_minute: 10,
         rate_limit_window_ms: 10_000,
-        gateway_args: vec!["--redis-timeout-ms".into(), "2000".into()],
         ..StackOptions::default()
-    })
+    }))
     .await;
     let key = stack.workspace();
     let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
