@@ -17,6 +17,9 @@ use std::time::Duration;
 const FLUSH_INTERVAL: Duration = Duration::from_millis(20);
 /// Past this much unwritten, new lines are dropped (and counted) instead of held.
 const MAX_BUFFERED_BYTES: usize = 16 * 1024 * 1024;
+/// How long a stopping process waits for the last lines to be written: a stuck destination
+/// must not keep it from exiting.
+const STOP_PATIENCE: Duration = Duration::from_secs(1);
 
 struct Shared {
     buffer: Mutex<Vec<u8>>,
@@ -39,6 +42,10 @@ pub struct LogGuard {
 
 /// The writer of the log and the guard of its thread.
 pub fn buffered_stderr() -> (BufferedStderr, LogGuard) {
+    buffered_to(std::io::stderr())
+}
+
+fn buffered_to(mut out: impl Write + Send + 'static) -> (BufferedStderr, LogGuard) {
     let shared = Arc::new(Shared {
         buffer: Mutex::new(Vec::with_capacity(64 * 1024)),
         stop: AtomicBool::new(false),
@@ -48,7 +55,7 @@ pub fn buffered_stderr() -> (BufferedStderr, LogGuard) {
     let writer = shared.clone();
     let thread = std::thread::Builder::new()
         .name("log-writer".into())
-        .spawn(move || write_until_stopped(&writer, &mut std::io::stderr()))
+        .spawn(move || write_until_stopped(&writer, &mut out))
         .ok();
     (BufferedStderr { shared: shared.clone() }, LogGuard { shared, thread })
 }
@@ -89,7 +96,13 @@ impl Drop for LogGuard {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
+        let Some(thread) = self.thread.take() else { return };
+        let deadline = std::time::Instant::now() + STOP_PATIENCE;
+        // std has no join with a timeout; the thread ends within one write once stopped.
+        while !thread.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if thread.is_finished() {
             let _ = thread.join();
         }
     }
@@ -133,6 +146,33 @@ mod tests {
         let mut out = Vec::new();
         write_until_stopped(&shared, &mut out);
         assert_eq!(out, b"one\ntwo\n");
+    }
+
+    #[test]
+    fn a_stuck_destination_does_not_hold_the_stop() {
+        struct Stuck;
+        impl Write for Stuck {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                loop {
+                    std::thread::park();
+                }
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (mut writer, guard) = buffered_to(Stuck);
+        writer.write_all(b"a line that is never taken\n").unwrap_or_else(|e| panic!("{e}"));
+        // Until the thread has taken the line and is stuck writing it.
+        let taken = std::time::Instant::now() + Duration::from_secs(5);
+        while !lock(&guard.shared.buffer).is_empty() {
+            assert!(std::time::Instant::now() < taken, "the line was never taken");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        writer.write_all(b"and one more\n").unwrap_or_else(|e| panic!("{e}"));
+        let started = std::time::Instant::now();
+        drop(guard);
+        assert!(started.elapsed() < STOP_PATIENCE * 2, "stopped after {:?}", started.elapsed());
     }
 
     #[test]
