@@ -3,7 +3,7 @@
 //! checked on the default window.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, join_all, wait_until, Reply, Stack, StackOptions};
+use intake_tests::{conversion, database, join_all, wait_until, Reply, Stack, StackOptions, TestKey};
 use reqwest::Method;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -17,6 +17,25 @@ fn short() -> StackOptions {
 /// machine.
 fn counted_exactly(options: StackOptions) -> StackOptions {
     StackOptions { gateway_args: vec!["--redis-timeout-ms".into(), "2000".into()], ..options }
+}
+
+/// A stack whose keys may write 10 conversions in a window of 10 s, a key of it, and the end
+/// of the current window, which has at least 7 s left.
+async fn ten_conversions_a_window() -> (Stack, TestKey, Instant) {
+    let stack = Stack::start_with(counted_exactly(StackOptions {
+        conversions_per_minute: 10,
+        rate_limit_window_ms: 10_000,
+        ..StackOptions::default()
+    }))
+    .await;
+    let key = stack.workspace();
+    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
+    (stack, key, window_end)
+}
+
+/// A batch of `n` valid conversions.
+fn batch(n: usize) -> Value {
+    json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()})
 }
 
 /// 429 rate_limited, with a Retry-After of whole seconds within a window of `window_secs`.
@@ -119,15 +138,7 @@ async fn ratelimit_headers_describe_the_request_window() {
 
 #[tokio::test]
 async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
-    let stack = Stack::start_with(StackOptions {
-        conversions_per_minute: 10,
-        rate_limit_window_ms: 10_000,
-        ..StackOptions::default()
-    })
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
-    let batch = |n: usize| json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()});
+    let (stack, key, window_end) = ten_conversions_a_window().await;
     let mut with_invalid = batch(7);
     with_invalid["conversions"][3] = json!({"event": "bad!"});
     assert_eq!(
@@ -158,16 +169,8 @@ async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
 
 #[tokio::test]
 async fn concurrent_writes_are_counted_as_if_one_after_the_other() {
-    let stack = Stack::start_with(counted_exactly(StackOptions {
-        conversions_per_minute: 10,
-        rate_limit_window_ms: 10_000,
-        ..StackOptions::default()
-    }))
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
+    let (stack, key, window_end) = ten_conversions_a_window().await;
     // In any order, two batches of 4 and the single fit under 10 and one batch of 4 does not.
-    let batch = |n: usize| json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()});
     let client = stack.client();
     let sends = [4, 4, 4, 1].map(|n| {
         let (client, bearer, body) = (client.clone(), key.bearer(), batch(n));
