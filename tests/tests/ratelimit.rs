@@ -33,6 +33,15 @@ async fn ten_conversions_a_window() -> (Stack, TestKey, Instant) {
     (stack, key, window_end)
 }
 
+/// The conversions stored for the key's workspace.
+async fn stored(key: &TestKey) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(&key.workspace_id)
+        .fetch_one(&database().await)
+        .await
+        .unwrap_or(-1)
+}
+
 /// A batch of `n` valid conversions.
 fn batch(n: usize) -> Value {
     json!({"conversions": (0..n).map(|_| conversion("lead")).collect::<Vec<Value>>()})
@@ -159,12 +168,7 @@ async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
     assert_eq!(invalid.error_code(), "validation_failed", "validation comes before the conversion limit");
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "reads are not conversions");
     assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or(-1);
-    assert_eq!(stored, 6 + 2 + 1, "nothing of the refused writes was written");
+    assert_eq!(stored(&key).await, 6 + 2 + 1, "nothing of the refused writes was written");
 }
 
 #[tokio::test]
@@ -183,12 +187,7 @@ async fn concurrent_writes_are_counted_as_if_one_after_the_other() {
         assert_eq!(reply.status, 200, "{reply:?}");
     }
     assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or(-1);
-    assert_eq!(stored, 9);
+    assert_eq!(stored(&key).await, 9);
     assert_rate_limited(&stack.post("/v1/conversions/batch", &key, &batch(2)).await);
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201, "the tenth");
 }
