@@ -19,7 +19,7 @@ use crate::layers::{Authentication, CheckLayer, QueryString, RequestRateLimit, R
 use crate::metrics::{Metrics, ShedReason};
 use crate::ready::Readiness;
 use crate::request_body::RequestBody;
-use crate::response::{json, Response};
+use crate::response::{json, Response, X_REQUEST_ID};
 use crate::routes::Route;
 use crate::state::AppState;
 use crate::{conversions, openapi, validate_only, workspace};
@@ -110,19 +110,21 @@ async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inne
         error.into_response(&context.id).map(|body| body.map_err(|never| match never {}).boxed_unsync())
     });
     if let Ok(value) = http::HeaderValue::from_str(&context.id) {
-        response.headers_mut().insert("x-request-id", value);
+        response.headers_mut().insert(X_REQUEST_ID, value);
     }
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     metrics.observe(route_name, status, elapsed);
-    let (workspace_id, key_id) = context.principal();
+    let principal = context.principal();
+    // Ids and names as Display: they need no quoting, and a `&str` field is escaped character
+    // by character on the busiest line of the log. A request not authenticated has no ids.
     tracing::info!(
-        request_id = &*context.id,
+        request_id = %context.id,
         %method,
-        route = route_name,
+        route = %route_name,
         status,
-        workspace_id,
-        key_id,
+        workspace_id = principal.map(|(workspace_id, _)| tracing::field::display(workspace_id)),
+        key_id = principal.map(|(_, key_id)| tracing::field::display(key_id)),
         items = context.item_count(),
         duration_ms = elapsed.as_secs_f64() * 1000.0,
         "request"

@@ -29,12 +29,12 @@ pub trait Authenticate: Send + Sync {
     ) -> BoxFuture<'a, Result<Principal, ApiError>>;
 }
 
-/// An authenticated caller.
+/// An authenticated caller. Shared, not copied: every request of a key clones it from the cache.
 #[derive(Debug, Clone)]
 pub struct Principal {
-    pub key_id: String,
-    pub workspace_id: String,
-    pub scopes: Vec<String>,
+    pub key_id: Arc<str>,
+    pub workspace_id: Arc<str>,
+    pub scopes: Arc<[String]>,
 }
 
 #[derive(Debug, Clone)]
@@ -154,7 +154,11 @@ impl Authenticator {
             Some((_, _, true, ..)) => Lookup::Revoked,
             Some((_, _, _, _, _, true)) => Lookup::WorkspaceDeleted,
             Some((_, _, _, _, status, _)) if status == "suspended" => Lookup::WorkspaceSuspended,
-            Some((key_id, scopes, _, workspace_id, ..)) => Lookup::Active(Principal { key_id, workspace_id, scopes }),
+            Some((key_id, scopes, _, workspace_id, ..)) => Lookup::Active(Principal {
+                key_id: key_id.into(),
+                workspace_id: workspace_id.into(),
+                scopes: scopes.into(),
+            }),
         })
     }
 }
@@ -226,7 +230,7 @@ mod tests {
             stale_ttl: Duration::from_secs(600),
         };
         let expiry = Expiry(settings);
-        let principal = Principal { key_id: "k".into(), workspace_id: "w".into(), scopes: Vec::new() };
+        let principal = Principal { key_id: "k".into(), workspace_id: "w".into(), scopes: Arc::new([]) };
         let ttl = |lookup: &Lookup| expiry.expire_after_create(&[0; 32], lookup, Instant::now());
         assert_eq!(ttl(&Lookup::Unknown), Some(Duration::from_secs(1)));
         for known in [Lookup::Revoked, Lookup::WorkspaceDeleted, Lookup::WorkspaceSuspended, Lookup::Active(principal)]

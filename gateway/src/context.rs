@@ -3,6 +3,7 @@
 //! body or an identifier value).
 
 use crate::api_error::ApiError;
+use crate::auth::Principal;
 use intake_common::ids;
 use std::sync::{Arc, OnceLock};
 
@@ -17,7 +18,7 @@ pub struct RequestContext {
 
 #[derive(Default)]
 struct Facts {
-    principal: OnceLock<(String, String)>,
+    principal: OnceLock<(Arc<str>, Arc<str>)>,
     items: OnceLock<usize>,
 }
 
@@ -34,8 +35,8 @@ impl RequestContext {
     }
 
     /// The key and workspace the request was authenticated as.
-    pub fn authenticated(&self, workspace_id: &str, key_id: &str) {
-        let _ = self.facts.principal.set((workspace_id.to_owned(), key_id.to_owned()));
+    pub fn authenticated(&self, principal: &Principal) {
+        let _ = self.facts.principal.set((principal.workspace_id.clone(), principal.key_id.clone()));
     }
 
     /// The number of conversions the request carried.
@@ -43,9 +44,9 @@ impl RequestContext {
         let _ = self.facts.items.set(count);
     }
 
-    /// (workspace id, key id), empty before authentication.
-    pub fn principal(&self) -> (&str, &str) {
-        self.facts.principal.get().map_or(("", ""), |(w, k)| (w.as_str(), k.as_str()))
+    /// (workspace id, key id), once authenticated.
+    pub fn principal(&self) -> Option<(&str, &str)> {
+        self.facts.principal.get().map(|(w, k)| (&**w, &**k))
     }
 
     pub fn item_count(&self) -> usize {

@@ -19,7 +19,7 @@ use crate::auth::Principal;
 use crate::context::RequestContext;
 use crate::overload::WritePermit;
 use crate::ratelimit::{Counter, Quota};
-use crate::response::Response;
+use crate::response::{Response, RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET};
 use crate::routes::Route;
 use crate::sink::BoxFuture;
 use crate::state::AppState;
@@ -137,7 +137,7 @@ impl Check for Authentication {
         };
         let principal = self.0.auth.authenticate(request.headers.get(http::header::AUTHORIZATION)).await?;
         if let Some(context) = request.extensions.get::<RequestContext>() {
-            context.authenticated(&principal.workspace_id, &principal.key_id);
+            context.authenticated(&principal);
         }
         if !principal.scopes.iter().any(|s| s == scope) {
             return Err(ApiError::InsufficientScope { missing: scope });
@@ -177,9 +177,9 @@ impl Check for RequestRateLimit {
     fn finish(&self, quota: Option<Quota>, response: &mut Response) {
         if let Some(quota) = quota {
             let headers = response.headers_mut();
-            headers.insert("ratelimit-limit", quota.limit.into());
-            headers.insert("ratelimit-remaining", quota.remaining.into());
-            headers.insert("ratelimit-reset", quota.reset_secs.into());
+            headers.insert(RATELIMIT_LIMIT, quota.limit.into());
+            headers.insert(RATELIMIT_REMAINING, quota.remaining.into());
+            headers.insert(RATELIMIT_RESET, quota.reset_secs.into());
         }
     }
 }

@@ -5,6 +5,12 @@ use http_body_util::Full;
 
 pub type Response = http::Response<Full<Bytes>>;
 
+// Names the `http` crate has no constants for, made once: a `&str` name is parsed on every insert.
+pub const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+pub const RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit-limit");
+pub const RATELIMIT_REMAINING: http::HeaderName = http::HeaderName::from_static("ratelimit-remaining");
+pub const RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("ratelimit-reset");
+
 pub fn json(status: u16, body: &impl serde::Serialize) -> Response {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut response = http::Response::new(Full::new(Bytes::from(bytes)));

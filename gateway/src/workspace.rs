@@ -15,13 +15,13 @@ pub async fn get<B>(state: &AppState, request: &http::Request<B>) -> Result<Resp
     let internal = |error: sqlx::Error| ApiError::Internal(format!("workspace read: {error}"));
     let (id, name, project_id, status, site_restriction): (String, String, String, String, String) =
         sqlx::query_as("SELECT id, name, project_id, status, site_restriction FROM workspaces WHERE id = $1")
-            .bind(&principal.workspace_id)
+            .bind(&*principal.workspace_id)
             .fetch_one(pool)
             .await
             .map_err(internal)?;
     let sites: Vec<(String, Option<OffsetDateTime>)> =
         sqlx::query_as("SELECT host, last_seen_at FROM sites WHERE workspace_id = $1 ORDER BY host")
-            .bind(&principal.workspace_id)
+            .bind(&*principal.workspace_id)
             .fetch_all(pool)
             .await
             .map_err(internal)?;

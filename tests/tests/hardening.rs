@@ -7,6 +7,7 @@
 use intake_tests::raw_http1::Raw;
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, free_port, join_all, wait_until, Stack, StackOptions};
+use reqwest::Method;
 use std::time::{Duration, Instant};
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -501,8 +502,13 @@ async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_va
         stack.post("/v1/conversions/batch", &key, &json!({ "conversions": [item, bad, conversion("lead")] })).await;
     assert_eq!(reply.status, 200);
     let request_id = reply.header("x-request-id").unwrap_or_default().to_owned();
+    let unknown_key = "Bearer svc_live_logline0unknown0key000000000000000";
+    let refused = stack.send(Method::POST, "/v1/conversions", Some(unknown_key), Some(&conversion("lead"))).await;
+    assert_eq!(refused.status, 401);
+    let refused_id = refused.header("x-request-id").unwrap_or_default().to_owned();
     let logged = || async {
-        std::fs::read_to_string(stack.log_dir.join("gateway.log")).is_ok_and(|log| log.contains(&request_id))
+        std::fs::read_to_string(stack.log_dir.join("gateway.log"))
+            .is_ok_and(|log| log.contains(&request_id) && log.contains(&refused_id))
     };
     wait_until("the request's log line", Duration::from_secs(5), logged).await;
 
@@ -520,6 +526,13 @@ async fn one_json_log_line_per_request_says_who_what_and_how_long_without_any_va
     assert_eq!(fields["items"], 3);
     assert!(fields["duration_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{fields}");
     assert!(!gateway_log.contains("logline-secret") && !gateway_log.contains("not valid!"), "no value is logged");
+
+    let refused_line = lines.iter().find(|l| l["fields"]["request_id"] == json!(refused_id));
+    let refused_fields = &refused_line.unwrap_or_else(|| panic!("no line for the refused request"))["fields"];
+    assert_eq!(refused_fields["status"], 401);
+    assert_eq!(refused_fields["route"], "conversions");
+    let who = (refused_fields.get("workspace_id"), refused_fields.get("key_id"));
+    assert_eq!(who, (None, None), "a request not authenticated has no ids: {refused_fields}");
 }
 
 #[tokio::test]

@@ -64,8 +64,8 @@ impl Default for Settings {
 
 fn principal(key: &str, workspace: &str, scopes: &[&str]) -> Result<Principal, ErrorCode> {
     Ok(Principal {
-        key_id: format!("key_{key}"),
-        workspace_id: workspace.to_owned(),
+        key_id: format!("key_{key}").into(),
+        workspace_id: workspace.into(),
         scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
     })
 }
