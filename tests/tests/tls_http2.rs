@@ -31,9 +31,9 @@ impl TestCert {
         TestCert { der: made.cert.der().to_vec(), cert_pem: made.cert.pem(), key_pem: made.signing_key.serialize_pem() }
     }
 
-    fn write(&self, files: &(PathBuf, PathBuf)) {
-        write_atomically(&files.0, &self.cert_pem);
-        write_atomically(&files.1, &self.key_pem);
+    fn write(&self, files: &CertFiles) {
+        write_atomically(&files.cert, &self.cert_pem);
+        write_atomically(&files.key, &self.key_pem);
     }
 }
 
@@ -44,18 +44,34 @@ fn write_atomically(path: &Path, contents: &str) {
     std::fs::rename(&temporary, path).unwrap_or_else(|e| panic!("{e}"));
 }
 
-fn cert_files() -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("intake-tls-{}", ulid::Ulid::new()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-    (dir.join("cert.pem"), dir.join("key.pem"))
+/// A test's certificate and key files, in a directory removed with it (the key is a secret,
+/// even a test's, and runs would otherwise pile these up).
+struct CertFiles {
+    dir: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl CertFiles {
+    fn new() -> CertFiles {
+        let dir = std::env::temp_dir().join(format!("intake-tls-{}", ulid::Ulid::new()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        CertFiles { cert: dir.join("cert.pem"), key: dir.join("key.pem"), dir }
+    }
+}
+
+impl Drop for CertFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A stack whose API speaks HTTPS with a new certificate.
-async fn tls_stack(gateway_args: &[&str]) -> (Stack, TestCert, (PathBuf, PathBuf)) {
-    let (cert, files) = (TestCert::new(), cert_files());
+async fn tls_stack(gateway_args: &[&str]) -> (Stack, TestCert, CertFiles) {
+    let (cert, files) = (TestCert::new(), CertFiles::new());
     cert.write(&files);
     let stack = Stack::start_with(StackOptions {
-        tls: Some(files.clone()),
+        tls: Some((files.cert.clone(), files.key.clone())),
         gateway_args: args(gateway_args),
         ..Default::default()
     })
@@ -141,7 +157,7 @@ async fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
     assert_eq!(served_certificate(&stack, &trusted).await, first.der);
 
     // Files that do not load (a key that is not the certificate's): the old pair stays.
-    write_atomically(&files.1, &second.key_pem);
+    write_atomically(&files.key, &second.key_pem);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !stack.logs().contains("keeping the previous certificate") {
         assert!(Instant::now() < deadline, "the broken pair was not noticed: {}", stack.logs());
@@ -150,7 +166,7 @@ async fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
     assert_eq!(served_certificate(&stack, &trusted).await, first.der, "the last good certificate");
 
     // The matching certificate arrives: new handshakes get it.
-    write_atomically(&files.0, &second.cert_pem);
+    write_atomically(&files.cert, &second.cert_pem);
     let deadline = Instant::now() + Duration::from_secs(10);
     while served_certificate(&stack, &trusted).await != second.der {
         assert!(Instant::now() < deadline, "the renewed certificate was not picked up");
