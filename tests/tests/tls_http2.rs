@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use intake_tests::raw_http1::Raw;
 use intake_tests::serde_json::{self, Value};
-use intake_tests::{conversion, Stack, StackOptions, TestKey};
+use intake_tests::{conversion, wait_until, Stack, StackOptions, TestKey};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -172,7 +172,11 @@ async fn a_renewed_certificate_is_served_without_a_restart_and_a_broken_one_is_n
         assert!(Instant::now() < deadline, "the renewed certificate was not picked up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(stack.logs().contains("TLS certificate reloaded"));
+    // The log line is written by the log's own thread, a little after the swap.
+    wait_until("the reload's log line", Duration::from_secs(5), || async {
+        stack.logs().contains("TLS certificate reloaded")
+    })
+    .await;
 }
 
 /// Reads until the server closes the connection; how long that took, or None after `patience`.
