@@ -194,6 +194,20 @@ pub type OpenPlan = Arc<dyn Fn(u64) -> (Planned, Expect) + Send + Sync>;
 /// (`std::thread::sleep` is finer than the runtime's 1 ms timer); each due request takes an
 /// idle connection, or opens one (that time counts too).
 pub async fn open_loop(targets: &[String], rate: f64, duration: Duration, plan: OpenPlan) -> Measured {
+    open_loop_observed(targets, rate, duration, plan, Arc::new(|_, _| ())).await
+}
+
+/// Told of request k's answer: its status and whether it was right (`None`: no answer came).
+pub type Observer = Arc<dyn Fn(u64, Option<(u16, bool)>) + Send + Sync>;
+
+/// [`open_loop`], telling `observe` of every answer as it comes.
+pub async fn open_loop_observed(
+    targets: &[String],
+    rate: f64,
+    duration: Duration,
+    plan: OpenPlan,
+    observe: Observer,
+) -> Measured {
     let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Instant)>();
     let started = Instant::now() + Duration::from_millis(20);
     let total = (duration.as_secs_f64() * rate) as u64;
@@ -214,8 +228,8 @@ pub async fn open_loop(targets: &[String], rate: f64, duration: Duration, plan: 
     let mut in_flight = Vec::new();
     let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while let Some((k, due)) = due_rx.recv().await {
-        let (plan, idle, recorder, targets, opened) =
-            (plan.clone(), idle.clone(), recorder.clone(), targets.to_vec(), opened.clone());
+        let (plan, idle, recorder, targets, opened, observe) =
+            (plan.clone(), idle.clone(), recorder.clone(), targets.to_vec(), opened.clone(), observe.clone());
         in_flight.push(tokio::spawn(async move {
             let (planned, expect) = plan(k);
             let target = k as usize % targets.len();
@@ -225,8 +239,15 @@ pub async fn open_loop(targets: &[String], rate: f64, duration: Duration, plan: 
                 Connection::new(&targets[target])
             });
             let outcome = match connection.send(&planned).await {
-                Ok(answer) => expect.judge(&answer),
-                Err(error) => Err(format!("transport: {error}")),
+                Ok(answer) => {
+                    let outcome = expect.judge(&answer);
+                    observe(k, Some((answer.status, outcome.is_ok())));
+                    outcome
+                }
+                Err(error) => {
+                    observe(k, None);
+                    Err(format!("transport: {error}"))
+                }
             };
             let took = due.elapsed();
             idle[target].lock().unwrap_or_else(|p| p.into_inner()).push(connection);

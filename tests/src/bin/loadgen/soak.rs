@@ -4,7 +4,8 @@
 //! `applied_messages` rows and size, the tables' and indexes' sizes with dead tuples, the Kafka
 //! log of the run's topics. The retentions are shortened (topics, and so `applied_messages` and
 //! the tombstones) so that pruning happens inside the run. Fails when anything acknowledged is
-//! missing at the end, or when after the warm-up sample RSS or descriptors grow more than 10 %,
+//! missing at the end, or when after the warm-up sample RSS or descriptors (the gateway's besides
+//! its clients' connections, whose number follows latency) grow more than 10 %,
 //! p99 more than 2×, or a pruned table (or, in runs of 10 minutes and more, the Kafka log; the
 //! broker deletes segments every 5 minutes) does not level off.
 //!
@@ -17,11 +18,13 @@
 
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine;
-use crate::measure::{closed_loop, open_loop, round1, round2, ClosedPlan, Counted, Expect, OpenPlan};
+use crate::measure::{
+    closed_loop, open_loop_observed, round1, round2, ClosedPlan, Counted, Expect, Observer, OpenPlan,
+};
 use crate::{post, say, setting, targets};
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{Stack, StackOptions, TestKey};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,8 +44,47 @@ struct Settings {
     out_dir: std::path::PathBuf,
 }
 
-/// What was acknowledged: (workspace index, external ids).
-type Acknowledged = Arc<Mutex<Vec<(usize, String)>>>;
+/// The soak's account of its writes: an item counts as acknowledged once the request that
+/// carried it was answered rightly, never when it is only sent.
+#[derive(Default)]
+struct Ledger {
+    /// Requests in flight: (workspace index, external ids).
+    pending: HashMap<u64, (usize, Vec<String>)>,
+    /// (workspace index, external id) of every item acknowledged.
+    acknowledged: Vec<(usize, String)>,
+    /// Requests refused with 503 (the service shedding load; nothing of them is stored), whose
+    /// re-sends are then first sends.
+    refused: HashSet<u64>,
+    /// 503 answers since the last sample.
+    shed: u64,
+}
+
+type SharedLedger = Arc<Mutex<Ledger>>;
+
+fn lock(ledger: &SharedLedger) -> std::sync::MutexGuard<'_, Ledger> {
+    ledger.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Moves a request's items into the acknowledged ones when it was answered rightly; remembers
+/// a 503 (the documented answer to overload, retried by clients) apart from wrong answers.
+fn observer(ledger: SharedLedger) -> Observer {
+    Arc::new(move |k, answer| {
+        let mut ledger = lock(&ledger);
+        let carried = ledger.pending.remove(&k);
+        match answer {
+            Some((_, true)) => {
+                if let Some((workspace, ids)) = carried {
+                    ledger.acknowledged.extend(ids.into_iter().map(|id| (workspace, id)));
+                }
+            }
+            Some((503, false)) => {
+                ledger.refused.insert(k);
+                ledger.shed += 1;
+            }
+            _ => {}
+        }
+    })
+}
 
 pub async fn run() -> anyhow::Result<()> {
     let settings = Settings {
@@ -88,7 +130,7 @@ pub async fn run() -> anyhow::Result<()> {
                 &keys,
                 Arc::new(Generator::new("capacity")),
                 Arc::new(std::sync::atomic::AtomicU64::new(0)),
-                Arc::new(Mutex::new(Vec::new())),
+                Arc::default(),
                 100.0,
             );
             let plan: ClosedPlan = Arc::new(move |_, _| mixed(0));
@@ -105,32 +147,39 @@ pub async fn run() -> anyhow::Result<()> {
         settings.retention_ms / 1000
     ));
 
-    let acknowledged: Acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let ledger: SharedLedger = Arc::default();
     let generator = Arc::new(Generator::new("soak"));
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (gateway_pids, _) = stack.pids();
+    let api_ports: Vec<u16> = targets(&stack).iter().filter_map(|url| url.rsplit(':').next()?.parse().ok()).collect();
     let writer_pid = writer.0.id();
     let kafka_dir = kafka_log_dir();
     let samples_wanted = ((settings.minutes * 60.0) / settings.sample.as_secs_f64()).round().max(2.0) as usize;
     let mut samples = Vec::new();
     let mut erasures = 0u64;
     for index in 0..samples_wanted {
-        let plan = mixed_plan(&keys, generator.clone(), next.clone(), acknowledged.clone(), requests_per_s);
+        let plan = mixed_plan(&keys, generator.clone(), next.clone(), ledger.clone(), requests_per_s);
         // An erasure in every interval, in parallel with the traffic.
         let erase = erase_someone(&stack, &keys, index);
         let to = targets(&stack);
-        let (measured, erased) = tokio::join!(open_loop(&to, requests_per_s, settings.sample, plan), erase);
+        let traffic = open_loop_observed(&to, requests_per_s, settings.sample, plan, observer(ledger.clone()));
+        let (measured, erased) = tokio::join!(traffic, erase);
         erasures += u64::from(erased);
         let recorder = &measured.recorder;
+        let shed = std::mem::take(&mut lock(&ledger).shed);
+        let (gateway_fds, gateway_connections) = (fds(&gateway_pids), client_connections(&gateway_pids, &api_ports));
         let sample = json!({
             "minute": round1((index + 1) as f64 * settings.sample.as_secs_f64() / 60.0),
             "requests": recorder.requests,
-            "errors": recorder.errors,
+            "errors": recorder.errors.saturating_sub(shed),
+            "shed": shed,
             "first_error": recorder.first_error,
             "p50_ms": round2(recorder.latency.value_at_quantile(0.5) as f64 / 1000.0),
             "p99_ms": round2(recorder.latency.value_at_quantile(0.99) as f64 / 1000.0),
             "gateway_rss_mib": rss_mib(&gateway_pids),
-            "gateway_fds": fds(&gateway_pids),
+            "gateway_fds": gateway_fds,
+            "gateway_client_connections": gateway_connections,
+            "gateway_fds_besides_clients": gateway_fds.saturating_sub(gateway_connections),
             "writer_rss_mib": rss_mib(&[writer_pid]),
             "writer_fds": fds(&[writer_pid]),
             "tables": tables(&db).await.unwrap_or_else(|e| json!({ "error": e.to_string() })),
@@ -141,7 +190,7 @@ pub async fn run() -> anyhow::Result<()> {
     }
 
     say("soak: checking that everything acknowledged is stored");
-    let acked: Vec<(usize, String)> = std::mem::take(&mut *acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
+    let acked: Vec<(usize, String)> = std::mem::take(&mut lock(&ledger).acknowledged);
     let missing = missing(&db, &keys, &acked).await?;
     let failures = judge(&samples, settings.minutes, &missing, settings.check_latency);
     let report = json!({
@@ -175,12 +224,12 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Request k of the mix; what is acknowledged is remembered.
+/// Request k of the mix; what it carries goes into the ledger, acknowledged once answered.
 fn mixed_plan(
     keys: &[TestKey],
     generator: Arc<Generator>,
     next: Arc<std::sync::atomic::AtomicU64>,
-    acknowledged: Acknowledged,
+    ledger: SharedLedger,
     requests_per_s: f64,
 ) -> OpenPlan {
     use std::sync::atomic::Ordering;
@@ -195,8 +244,10 @@ fn mixed_plan(
         // Items are numbered per request slot, so that a re-send names an earlier request's.
         let first_of = |k: u64| k * BATCH_ITEMS as u64;
         let record = |workspace: usize, ids: Vec<String>| {
-            acknowledged.lock().unwrap_or_else(|p| p.into_inner()).extend(ids.into_iter().map(|id| (workspace, id)));
+            lock(&ledger).pending.insert(k, (workspace, ids));
         };
+        // A re-send of a request refused with 503 is its first send.
+        let refused = |earlier: u64| lock(&ledger).refused.remove(&earlier);
         // Until there is a request that far back, slots 8 and 9 send new singles.
         let slot = match (k % 10, k.checked_sub(back + 9)) {
             (8 | 9, None) => 0,
@@ -216,14 +267,29 @@ fn mixed_plan(
             }
             8 => {
                 // Slot 6 of a ten `back` requests before, in the same workspace's turn or not.
-                let earlier = k - back - 2;
-                let body = generator.batch(first_of(earlier), SOAK_BATCH);
-                (post("/v1/conversions/batch", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
+                let (earlier, workspace) = (k - back - 2, workspace_of(k - back - 2));
+                let first = first_of(earlier);
+                let body = generator.batch(first, SOAK_BATCH);
+                let mut items = 0;
+                if refused(earlier) {
+                    record(
+                        workspace,
+                        (first..first + SOAK_BATCH as u64).map(|n| generator.external_id_of(n)).collect(),
+                    );
+                    items = SOAK_BATCH as u64;
+                }
+                (post("/v1/conversions/batch", &keys[workspace], body), Expect::Status(200, items))
             }
             _ => {
-                let earlier = k - back - 9;
+                let (earlier, workspace) = (k - back - 9, workspace_of(k - back - 9));
                 let body = generator.single(first_of(earlier), 0);
-                (post("/v1/conversions", &keys[workspace_of(earlier)], body), Expect::Status(200, 0))
+                let expect = if refused(earlier) {
+                    record(workspace, vec![generator.external_id_of(first_of(earlier))]);
+                    Expect::Status(201, 1)
+                } else {
+                    Expect::Status(200, 0)
+                };
+                (post("/v1/conversions", &keys[workspace], body), expect)
             }
         }
     })
@@ -261,6 +327,52 @@ fn rss_mib(pids: &[u32]) -> f64 {
 
 fn fds(pids: &[u32]) -> usize {
     pids.iter().filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok()).map(|d| d.count()).sum()
+}
+
+/// The processes' descriptors that are connections of API clients (accepted on one of
+/// `api_ports`, not yet closed by either side). The open-loop client holds a connection for every
+/// request in flight and keeps it a while, so their number follows latency, not leaks: the
+/// descriptors are judged without them. A connection the gateway fails to close is still counted
+/// against it (its state is no longer ESTABLISHED once the client has closed).
+fn client_connections(pids: &[u32], api_ports: &[u16]) -> usize {
+    pids.iter()
+        .map(|pid| {
+            let sockets = established_inodes(*pid, api_ports);
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|dir| {
+                    dir.filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                        .filter_map(|target| socket_inode(&target.to_string_lossy()))
+                        .filter(|inode| sockets.contains(inode))
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Inodes of the ESTABLISHED TCP sockets on one of `ports`, in the process's network namespace
+/// (`/proc/<pid>/net/tcp{,6}`: "sl local_address rem_address st ... inode", addresses as
+/// hex ip:port, ESTABLISHED as state 01).
+fn established_inodes(pid: u32, ports: &[u16]) -> HashSet<u64> {
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let port = u16::from_str_radix(fields.get(1)?.rsplit(':').next()?, 16).ok()?;
+                    let established = *fields.get(3)? == "01";
+                    (established && ports.contains(&port)).then(|| fields.get(9)?.parse().ok())?
+                })
+                .collect::<Vec<u64>>()
+        })
+        .collect()
+}
+
+fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
 /// Sizes (MiB, with indexes), rows and dead tuples of the tables that grow or are pruned.
@@ -359,7 +471,7 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String], check_latency:
     };
     for (name, path, limit) in [
         ("gateway RSS", &["gateway_rss_mib"][..], 1.10),
-        ("gateway descriptors", &["gateway_fds"][..], 1.10),
+        ("gateway descriptors besides its clients' connections", &["gateway_fds_besides_clients"][..], 1.10),
         ("writer RSS", &["writer_rss_mib"][..], 1.10),
         ("writer descriptors", &["writer_fds"][..], 1.10),
         ("p99", &["p99_ms"][..], 2.0),
@@ -425,16 +537,18 @@ fn markdown(report: &Value) -> String {
         report["topic_retention_ms"].as_u64().unwrap_or(0) / 1000, report["acknowledged_items"],
         report["missing_acknowledged"], report["erasures"]
     );
-    md.push_str("| minute | p50 ms | p99 ms | gateway RSS MiB | gateway fds | writer RSS MiB | writer fds | applied_messages rows | applied_messages MiB | conversions MiB (dead rows) | visits MiB | Kafka log MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| minute | p50 ms | p99 ms | shed (503) | gateway RSS MiB | gateway fds (clients' connections) | writer RSS MiB | writer fds | applied_messages rows | applied_messages MiB | conversions MiB (dead rows) | visits MiB | Kafka log MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in report["samples"].as_array().into_iter().flatten() {
         let t = &s["tables"];
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} ({}) | {} | {} |\n",
             s["minute"],
             s["p50_ms"],
             s["p99_ms"],
+            s["shed"],
             s["gateway_rss_mib"],
             s["gateway_fds"],
+            s["gateway_client_connections"],
             s["writer_rss_mib"],
             s["writer_fds"],
             t["applied_messages_rows"],
@@ -459,7 +573,8 @@ mod tests {
     use super::*;
 
     fn sample(rss: f64, rows: i64) -> Value {
-        json!({ "errors": 0, "p99_ms": 10.0, "gateway_rss_mib": rss, "gateway_fds": 20, "writer_rss_mib": 30.0,
+        json!({ "errors": 0, "p99_ms": 10.0, "gateway_rss_mib": rss, "gateway_fds": 20,
+                "gateway_client_connections": 5, "gateway_fds_besides_clients": 15, "writer_rss_mib": 30.0,
                 "writer_fds": 30, "tables": { "applied_messages_rows": rows, "applied_messages": { "mib": 1.0 },
                 "erasure_tombstones": { "live_rows": 1 } }, "kafka_log_mib": 1.0 })
     }
@@ -469,6 +584,34 @@ mod tests {
             base[key] = value.clone();
         }
         base
+    }
+
+    #[test]
+    fn only_what_was_answered_rightly_is_acknowledged_and_a_shed_request_is_sent_again_as_new() {
+        let ledger: SharedLedger = Arc::default();
+        let keys: Vec<TestKey> = (0..2)
+            .map(|n| TestKey { workspace_id: format!("ws_{n}"), key_id: format!("key_{n}"), secret: format!("s{n}") })
+            .collect();
+        // At one request a second, request k (k % 10 == 9) sends the single of k - 19 again and,
+        // from k = 28 on, request k (k % 10 == 8) the batch of k - 12.
+        let plan = mixed_plan(&keys, Arc::new(Generator::new("ledger")), Arc::default(), ledger.clone(), 1.0);
+        let observe = observer(ledger.clone());
+        let mut expects: Vec<Expect> = (0..18).map(|k| plan(k).1).collect();
+        observe(0, Some((201, true)));
+        observe(2, Some((500, false)));
+        observe(6, Some((200, true)));
+        observe(10, Some((503, false)));
+        observe(11, None);
+        observe(16, Some((503, false)));
+        assert_eq!(lock(&ledger).acknowledged.len(), 1 + SOAK_BATCH, "the single of 0 and the batch of 6");
+        assert_eq!(lock(&ledger).shed, 2);
+        expects.extend((18..30).map(|k| plan(k).1));
+        assert!(matches!(expects[19], Expect::Status(200, 0)), "the single of 0, answered, sent again");
+        assert!(matches!(expects[28], Expect::Status(200, 50)), "the batch of 16 was shed: its re-send is new");
+        assert!(matches!(expects[29], Expect::Status(201, 1)), "the single of 10 was shed: its re-send is new");
+        observe(28, Some((200, true)));
+        observe(29, Some((201, true)));
+        assert_eq!(lock(&ledger).acknowledged.len(), 2 + 2 * SOAK_BATCH);
     }
 
     #[test]
@@ -488,6 +631,17 @@ mod tests {
             .collect();
         assert!(judge(&slower, 12.0, &[], true)[0].starts_with("p99 grew"));
         assert_eq!(judge(&slower, 12.0, &[], false), Vec::<String>::new());
+        // More clients' connections as latency grows is not a leak; descriptors besides them are.
+        let busier: Vec<Value> = (0..12)
+            .map(|i| json!({ "gateway_fds": 20 + 10 * i, "gateway_client_connections": 5 + 10 * i }))
+            .map(|d| merge(sample(50.0, 400), d))
+            .collect();
+        assert_eq!(judge(&busier, 12.0, &[], true), Vec::<String>::new());
+        let unclosed: Vec<Value> = (0..12)
+            .map(|i| json!({ "gateway_fds": 20 + 10 * i, "gateway_fds_besides_clients": 15 + 10 * i }))
+            .map(|d| merge(sample(50.0, 400), d))
+            .collect();
+        assert!(judge(&unclosed, 12.0, &[], true)[0].starts_with("gateway descriptors besides"));
         // The two-minute soak's run on CI: one more range held for the last 40 s.
         let stepped: Vec<Value> = [191, 382, 573, 764, 806, 806, 806, 805, 996, 996, 996, 995]
             .into_iter()
