@@ -5,9 +5,11 @@
 # tombstones, Kafka segments) happens inside the run. Samples every minute: RSS and open
 # descriptors of the gateway and the writer, p50 and p99, applied_messages rows, table and index
 # sizes with dead tuples, the Kafka log of the run's topics. Fails if anything acknowledged is
-# missing at the end, or if after minute 5 RSS or descriptors grow more than 10 %, p99 more than
-# 2×, or a pruned table or the Kafka log does not level off. Writes bench/soak.json and
-# bench/soak.md (the table).
+# missing at the end, or if after minute 5 RSS or descriptors (the gateway's besides its clients'
+# connections, whose number follows latency) grow more than 10 %, p99 more than 2×, or a pruned
+# table or the Kafka log does not level off. An item counts as acknowledged once its request was
+# answered rightly; 503s (shedding) are counted apart, not as wrong answers. Writes
+# bench/soak.json and bench/soak.md (the table).
 #
 #   deploy/soak.sh                    30 minutes
 #   deploy/soak.sh --minutes 10 --retention-ms 120000 --rate 2000
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
         --sample-seconds) export INTAKE_SOAK_SAMPLE_SECONDS="$2"; shift ;;
         --retention-ms) export INTAKE_SOAK_RETENTION_MS="$2"; shift ;;
         --rate) export INTAKE_SOAK_RATE="$2"; shift ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift

@@ -163,11 +163,16 @@ pub async fn run() -> anyhow::Result<()> {
         let erase = erase_someone(&stack, &keys, index);
         let to = targets(&stack);
         let traffic = open_loop_observed(&to, requests_per_s, settings.sample, plan, observer(ledger.clone()));
-        let (measured, erased) = tokio::join!(traffic, erase);
+        // Counted amid the traffic: when an interval ends its client closes its connections, and
+        // the gateway's ends of them are closing for a moment (neither the client's nor leaks).
+        let descriptors = async {
+            tokio::time::sleep(settings.sample / 2).await;
+            (fds(&gateway_pids), client_connections(&gateway_pids, &api_ports))
+        };
+        let (measured, erased, (gateway_fds, gateway_connections)) = tokio::join!(traffic, erase, descriptors);
         erasures += u64::from(erased);
         let recorder = &measured.recorder;
         let shed = std::mem::take(&mut lock(&ledger).shed);
-        let (gateway_fds, gateway_connections) = (fds(&gateway_pids), client_connections(&gateway_pids, &api_ports));
         let sample = json!({
             "minute": round1((index + 1) as f64 * settings.sample.as_secs_f64() / 60.0),
             "requests": recorder.requests,
