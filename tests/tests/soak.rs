@@ -33,7 +33,11 @@ async fn a_two_minute_soak_keeps_everything_and_levels_off() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("soak.json")).unwrap_or_default()).unwrap_or_default();
     assert_eq!(json["samples"].as_array().map(Vec::len), Some(12), "{report}");
-    assert!(json["acknowledged_items"].as_u64().unwrap_or(0) > 1_000, "{report}");
+    // Two thirds of the items sent are new (re-sends add none): at least half of those were
+    // answered and counted.
+    let sent_new = json["items_per_s"].as_f64().unwrap_or(0.0) * 120.0 * 106.0 / 157.0;
+    let acknowledged = json["acknowledged_items"].as_f64().unwrap_or(0.0);
+    assert!(acknowledged > sent_new / 2.0, "{acknowledged} of about {sent_new} new items acknowledged\n{report}");
     assert_eq!(json["missing_acknowledged"], 0, "{report}");
     let _ = std::fs::remove_dir_all(&out);
 }
