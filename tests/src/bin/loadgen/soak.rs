@@ -6,7 +6,7 @@
 //! the tombstones) so that pruning happens inside the run. Fails when anything acknowledged is
 //! missing at the end, or when after the warm-up sample RSS or descriptors (the gateway's besides
 //! its clients' connections, whose number follows latency) grow more than 10 %,
-//! p99 more than 2×, or a pruned table (or, in runs of 10 minutes and more, the Kafka log; the
+//! p99 more than 2×, or a pruned table (or, in runs of 20 minutes and more, the Kafka log; the
 //! broker deletes segments every 5 minutes) does not level off.
 //!
 //! Settings: INTAKE_SOAK_MINUTES (30), INTAKE_SOAK_SAMPLE_SECONDS (60), INTAKE_SOAK_RETENTION_MS
@@ -514,7 +514,9 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String], check_latency:
         ("applied_messages size", vec!["tables", "applied_messages", "mib"]),
         ("erasure_tombstones rows", vec!["tables", "erasure_tombstones", "live_rows"]),
     ];
-    if minutes >= 10.0 {
+    // The broker deletes segments every 5 minutes: a shorter run's thirds see too few deletions
+    // to compare (a 12-minute run saw its first at minute 11).
+    if minutes >= 20.0 {
         pruned.push(("Kafka log", vec!["kafka_log_mib"]));
     }
     if samples.len() - warm >= 3 {
