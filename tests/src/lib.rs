@@ -262,6 +262,15 @@ impl Stack {
         command
     }
 
+    /// A stack under `options`, a key of it, and the end of a rate-limit window that has at least
+    /// `needed` left: the start of every test that counts requests within one window.
+    pub async fn with_window(options: StackOptions, needed: Duration) -> (Stack, TestKey, Instant) {
+        let stack = Stack::start_with(options).await;
+        let key = stack.workspace();
+        let window_end = stack.window_with_at_least(needed).await;
+        (stack, key, window_end)
+    }
+
     /// Waits until the stack's current rate-limit window has at least `needed` left, so that a
     /// test's requests fall into one window; returns when that window ends. Windows are aligned
     /// to multiples of their length since the Unix epoch, on the clock the gateway shares.

@@ -445,15 +445,13 @@ async fn readiness_follows_kafka_and_postgresql_and_turns_on_sigterm_before_the_
 
 #[tokio::test]
 async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_cache() {
-    let stack = Stack::start_with(StackOptions {
+    let options = StackOptions {
         requests_per_minute: 6,
         conversions_per_minute: 3,
         rate_limit_window_ms: 10_000,
         ..Default::default()
-    })
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
+    };
+    let (stack, key, window_end) = Stack::with_window(options, Duration::from_secs(7)).await;
     for _ in 0..3 {
         assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
     }

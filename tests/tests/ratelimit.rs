@@ -22,15 +22,8 @@ fn counted_exactly(options: StackOptions) -> StackOptions {
 /// A stack whose keys may write 10 conversions in a window of 10 s, a key of it, and the end
 /// of the current window, which has at least 7 s left.
 async fn ten_conversions_a_window() -> (Stack, TestKey, Instant) {
-    let stack = Stack::start_with(counted_exactly(StackOptions {
-        conversions_per_minute: 10,
-        rate_limit_window_ms: 10_000,
-        ..StackOptions::default()
-    }))
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
-    (stack, key, window_end)
+    let options = StackOptions { conversions_per_minute: 10, rate_limit_window_ms: 10_000, ..StackOptions::default() };
+    Stack::with_window(counted_exactly(options), Duration::from_secs(7)).await
 }
 
 /// The conversions stored for the key's workspace.
@@ -66,11 +59,8 @@ fn secs_to_the_minute_end() -> u64 {
 
 #[tokio::test]
 async fn sixty_four_concurrent_clients_get_exactly_600_requests_through() {
-    let stack =
-        Stack::start_with(counted_exactly(StackOptions { rate_limit_window_ms: 15_000, ..StackOptions::default() }))
-            .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(10)).await;
+    let options = counted_exactly(StackOptions { rate_limit_window_ms: 15_000, ..StackOptions::default() });
+    let (stack, key, window_end) = Stack::with_window(options, Duration::from_secs(10)).await;
     let client = stack.client();
     let sends = (0..64).map(|_| {
         let (client, key) = (client.clone(), key.clone());
@@ -105,10 +95,8 @@ async fn sixty_four_concurrent_clients_get_exactly_600_requests_through() {
 
 #[tokio::test]
 async fn a_short_window_ends_when_retry_after_says() {
-    let stack =
-        Stack::start_with(StackOptions { requests_per_minute: 2, rate_limit_window_ms: 2_000, ..short() }).await;
-    let key = stack.workspace();
-    stack.window_with_at_least(Duration::from_millis(1_500)).await;
+    let options = StackOptions { requests_per_minute: 2, rate_limit_window_ms: 2_000, ..short() };
+    let (stack, key, _) = Stack::with_window(options, Duration::from_millis(1_500)).await;
     for _ in 0..2 {
         assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
     }
@@ -233,14 +221,9 @@ fn start_redis(port: u16) -> Redis {
 async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
     let port = intake_tests::free_port();
     let redis = start_redis(port);
-    let stack = Stack::start_with(StackOptions {
-        redis_url: Some(format!("redis://127.0.0.1:{port}")),
-        requests_per_minute: 5,
-        ..short()
-    })
-    .await;
-    let key = stack.workspace();
-    stack.window_with_at_least(Duration::from_secs(4)).await;
+    let options =
+        StackOptions { redis_url: Some(format!("redis://127.0.0.1:{port}")), requests_per_minute: 5, ..short() };
+    let (stack, key, _) = Stack::with_window(options, Duration::from_secs(4)).await;
     for _ in 0..5 {
         assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
     }

@@ -235,14 +235,8 @@ async fn a_backfill_of_100000_csv_rows_stores_the_valid_ones_and_rejects_the_oth
 #[tokio::test]
 async fn a_forced_rate_limit_is_waited_out_with_retry_after() {
     // A window of a few seconds: the sender waits out the rest of it, not of a minute.
-    let stack = Stack::start_with(StackOptions {
-        conversions_per_minute: 500,
-        rate_limit_window_ms: 8_000,
-        ..StackOptions::default()
-    })
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(6)).await;
+    let options = StackOptions { conversions_per_minute: 500, rate_limit_window_ms: 8_000, ..StackOptions::default() };
+    let (stack, key, window_end) = Stack::with_window(options, Duration::from_secs(6)).await;
     // This window's conversions are used up: the sender's first batch gets 429.
     let batch: Vec<Value> = (0..500).map(|_| intake_tests::conversion("lead")).collect();
     let reply = stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await;

@@ -46,14 +46,8 @@ async fn post_text(stack: &Stack, path: &str, key: &TestKey, body: String) -> Re
 #[tokio::test]
 async fn every_item_is_answered_in_order_and_nothing_is_written() {
     // A conversion limit of 3: a validation of 7 items would be refused if it were counted.
-    let stack = Stack::start_with(StackOptions {
-        conversions_per_minute: 3,
-        rate_limit_window_ms: 10_000,
-        ..Default::default()
-    })
-    .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(7)).await;
+    let options = StackOptions { conversions_per_minute: 3, rate_limit_window_ms: 10_000, ..Default::default() };
+    let (stack, key, window_end) = Stack::with_window(options, Duration::from_secs(7)).await;
 
     let mut with_identifiers = conversion("Lead");
     with_identifiers["email"] = json!(" Ann@Example.com ");
@@ -152,11 +146,8 @@ async fn a_stored_conversion_is_neither_changed_nor_read() {
 
 #[tokio::test]
 async fn it_counts_against_the_request_limit_before_its_body_is_read() {
-    let stack =
-        Stack::start_with(StackOptions { requests_per_minute: 3, rate_limit_window_ms: 5_000, ..Default::default() })
-            .await;
-    let key = stack.workspace();
-    let window_end = stack.window_with_at_least(Duration::from_secs(4)).await;
+    let options = StackOptions { requests_per_minute: 3, rate_limit_window_ms: 5_000, ..Default::default() };
+    let (stack, key, window_end) = Stack::with_window(options, Duration::from_secs(4)).await;
     let body = batch(vec![conversion("lead")]);
     for remaining in ["2", "1", "0"] {
         let reply = stack.post(PATH, &key, &body).await;
