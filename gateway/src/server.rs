@@ -76,25 +76,58 @@ pub struct Http2Settings {
     pub keep_alive_timeout: Duration,
 }
 
+/// The service `serve` drives on every connection (the API's tower stack): one cloned per
+/// connection, its futures run on any worker.
+pub trait ApiService:
+    tower::Service<
+        http::Request<RequestBody>,
+        Response = http::Response<Self::Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Unpin
+    + 'static
+{
+    type Body: ResponseBody;
+}
+
+impl<S, B> ApiService for S
+where
+    S: tower::Service<
+            http::Request<RequestBody>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Unpin
+        + 'static,
+    B: ResponseBody,
+{
+    type Body = B;
+}
+
+/// A response body either protocol can send from any worker.
+pub trait ResponseBody:
+    hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
 /// Serves connections until `shutdown` is cancelled, then lets open ones finish (up to the grace
 /// period). With `tls`, every connection is TLS.
-pub async fn serve<S, B>(
+pub async fn serve<S: ApiService>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     service: S,
     settings: Settings,
     shutdown: CancellationToken,
-) where
-    S: tower::Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + Unpin
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
     let connections = TaskTracker::new();
     let protocols = Arc::new(Protocols::new(&settings));
@@ -170,18 +203,7 @@ struct Connection<S> {
     _slot: OwnedSemaphorePermit,
 }
 
-impl<S, B> Connection<S>
-where
-    S: tower::Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + Unpin
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+impl<S: ApiService> Connection<S> {
     async fn run(self, stream: TcpStream, tls: Option<TlsAcceptor>) {
         let Some(tls) = tls else {
             return self.detect_and_serve(stream).await;
