@@ -108,8 +108,17 @@ pub async fn run() -> anyhow::Result<()> {
         ..Default::default()
     })
     .await;
-    let retention = settings.retention_ms.to_string();
-    stack.run_writer_command(&["topics", "--retention-ms", &retention, "--dlq-retention-ms", &retention])?;
+    let (retention, partitions) = (settings.retention_ms.to_string(), stack.request_partitions().to_string());
+    // The stack's partition count, or the command's default would grow the topic it made.
+    stack.run_writer_command(&[
+        "topics",
+        "--request-partitions",
+        &partitions,
+        "--retention-ms",
+        &retention,
+        "--dlq-retention-ms",
+        &retention,
+    ])?;
     // The margin beyond the topics' window: a sixth of the retention.
     let margin = (settings.retention_ms / 6).to_string();
     let ops = format!("127.0.0.1:{}", intake_tests::free_port());
