@@ -3,10 +3,11 @@
 # ones already running are reused, never stopped), recreates the benchmark database, builds the
 # release binaries, and runs every scenario in one run with the load generator
 # (tests/src/bin/loadgen): gateways and writers of its own on topics of its own, the
-# direct_apply and pg_upsert baselines, a CPU profile, and batch_ingest with 1 and 2 gateways
-# and writers. Writes bench/report.json and bench/report.md (and bench/profile/).
+# direct_apply and pg_upsert baselines, a CPU profile, batch_ingest with 1, 2 and 4 writers and
+# gateways each under a CPU quota, and the runs at 1 M and 10 M stored conversions. Writes
+# bench/report.json and bench/report.md (and bench/profile/).
 #
-#   deploy/bench.sh                 the full run (about 7.5 minutes)
+#   deploy/bench.sh                 the full run (about 19 minutes, 10 M conversions loaded in 3)
 #   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
 #   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
 #   deploy/bench.sh --no-scale --no-profile --micro
