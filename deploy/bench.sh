@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
         --no-scale) export INTAKE_BENCH_SCALE=0 ;;
         --no-profile) export INTAKE_BENCH_PROFILE_SECONDS=0 ;;
         --micro) micro=1 ;;
-        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift

@@ -46,12 +46,19 @@ impl Cgroups {
         };
         std::fs::create_dir_all(&path)?;
         let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
+        // A weight ten times the default as well: the quota, not the other processes of a busy
+        // machine, is what may hold a capped process back (one of four capped writers once got
+        // two thirds of its quota while PostgreSQL took the rest). The quota still bounds it.
         match self {
             Cgroups::V1(_) => {
                 std::fs::write(path.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
                 std::fs::write(path.join("cpu.cfs_quota_us"), quota.to_string())?;
+                std::fs::write(path.join("cpu.shares"), "10240")?;
             }
-            Cgroups::V2(_) => std::fs::write(path.join("cpu.max"), format!("{quota} {PERIOD_US}"))?,
+            Cgroups::V2(_) => {
+                std::fs::write(path.join("cpu.max"), format!("{quota} {PERIOD_US}"))?;
+                std::fs::write(path.join("cpu.weight"), "1000")?;
+            }
         }
         std::fs::write(path.join("cgroup.procs"), pid.to_string())?;
         Ok(Group { root, path })
