@@ -137,6 +137,12 @@ pub struct Stack {
     options: StackOptions,
 }
 
+/// The partition of a requests topic of `partitions` that a workspace's writes go to:
+/// librdkafka's default partitioner (consistent_random: CRC32 of the key).
+pub fn request_partition_among(workspace_id: &str, partitions: u32) -> u32 {
+    crc32fast::hash(workspace_id.as_bytes()) % partitions
+}
+
 impl Stack {
     pub async fn start() -> Stack {
         Self::start_with(StackOptions::default()).await
@@ -338,10 +344,9 @@ impl Stack {
         })
     }
 
-    /// The partition of the requests topic a workspace's writes go to: librdkafka's default
-    /// partitioner (consistent_random: CRC32 of the key).
+    /// The partition of the requests topic a workspace's writes go to.
     pub fn request_partition(&self, workspace_id: &str) -> u32 {
-        crc32fast::hash(workspace_id.as_bytes()) % self.options.request_partitions
+        request_partition_among(workspace_id, self.options.request_partitions)
     }
 
     pub fn request_partitions(&self) -> u32 {
