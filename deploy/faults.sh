@@ -30,6 +30,8 @@ cleanup() {
     set +e
     iptables -D OUTPUT -o lo -p tcp -m owner --uid-owner "$PARTITION_USER" --dport "$KAFKA_BASE:$((KAFKA_BASE + 12))" -j DROP 2>/dev/null
     for pid in "$SCRATCH"/kafka/run/*.pid; do [ -f "$pid" ] && kill -KILL "$(cat "$pid")" 2>/dev/null; done
+    # The harness's gateways and writers, should it have died before stopping them.
+    pkill -KILL -f "^$SCRATCH/bin/" 2>/dev/null
     redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1
     as_postgres "$(pg_bin pg_ctl)" -D "$SCRATCH/pg" -m immediate stop >/dev/null 2>&1
     if [ "$status" != 0 ]; then

@@ -106,6 +106,9 @@ struct Supervisor {
     hold_kafka: AtomicBool,
     /// While set, writers that are down are left down (a restore from a backup).
     hold_writers: AtomicBool,
+    /// Set with every process killed at the end: nothing is restarted after it (a process
+    /// restarted then would outlive the harness).
+    stopped: AtomicBool,
     restarts: Mutex<Vec<String>>,
     http: reqwest::Client,
 }
@@ -137,6 +140,9 @@ impl Supervisor {
             }
             {
                 let mut processes = self.lock();
+                if self.stopped.load(Ordering::Relaxed) {
+                    return;
+                }
                 let hold_writers = self.hold_writers.load(Ordering::Relaxed);
                 for (index, process) in processes.iter_mut().enumerate() {
                     if hold_writers && process.kind == Kind::Writer {
@@ -173,6 +179,16 @@ impl Supervisor {
 
     fn kill(&self, name: &str) {
         if let Some(process) = self.lock().iter_mut().find(|p| p.name == name) {
+            process.kill();
+        }
+    }
+
+    /// Kills every process for good. Under the lock the watcher restarts under, so that it
+    /// cannot restart one in between.
+    fn stop_all(&self) {
+        let mut processes = self.lock();
+        self.stopped.store(true, Ordering::Relaxed);
+        for process in processes.iter_mut() {
             process.kill();
         }
     }
@@ -797,6 +813,7 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
         processes: Mutex::new(processes),
         hold_kafka: AtomicBool::new(false),
         hold_writers: AtomicBool::new(false),
+        stopped: AtomicBool::new(false),
         restarts: Mutex::default(),
         http: http.clone(),
     });
@@ -862,9 +879,7 @@ async fn main() {
     if args.iter().any(|a| a == "--self-check") {
         failed |= !self_check(&harness.traffic).await;
     }
-    for process in supervisor.lock().iter_mut() {
-        process.kill();
-    }
+    supervisor.stop_all();
     std::process::exit(i32::from(failed));
 }
 
