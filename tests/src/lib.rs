@@ -54,15 +54,36 @@ where
     }
 }
 
-/// A port that nothing listens on now, from [`FREE_PORTS`], tried from a random place so that
-/// concurrent tests rarely try the same one.
+/// A port that nothing listens on now and that no other test took lately, from [`FREE_PORTS`],
+/// tried from a random place. Tests run in processes of their own, and a port free when one
+/// looks can be taken by another before the first one's gateway binds it ("Address already in
+/// use"): a port handed out is claimed for a while with a file only one process can create.
 pub fn free_port() -> u16 {
     let span = FREE_PORTS.end - FREE_PORTS.start;
     let first = (ulid::Ulid::new().random() % u128::from(span)) as u16;
     (0..span)
         .map(|i| FREE_PORTS.start + (first + i) % span)
-        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .find(|port| claim(*port) && std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
         .unwrap_or_else(|| panic!("no free port in {FREE_PORTS:?}"))
+}
+
+/// Longer than a test run, shorter than the time a suite takes to use up [`FREE_PORTS`].
+const PORT_CLAIM: Duration = Duration::from_secs(600);
+
+/// Whether this process may hand out `port`: it created the port's claim file, or nothing
+/// could be created there at all (no claims, then, rather than no ports).
+fn claim(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("intake-tests").join("ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(port.to_string());
+    let modified = std::fs::metadata(&path).and_then(|m| m.modified());
+    if modified.is_ok_and(|at| at.elapsed().unwrap_or_default() > PORT_CLAIM) {
+        let _ = std::fs::remove_file(&path);
+    }
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(_) => true,
+        Err(error) => error.kind() != std::io::ErrorKind::AlreadyExists,
+    }
 }
 
 /// Options of a stack; the defaults are the production defaults.
