@@ -469,9 +469,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 // capped tier, not PostgreSQL or the machine, bounds every run. What PostgreSQL
                 // takes is direct_apply, or batch_ingest when that is lower: on a machine whose
                 // cores PostgreSQL shares with the rest, that is its share with everything
-                // running. At 80 % of direct_apply, 4 capped writers kept the 2 cores busy
-                // (1.98) and scaled 3.17×; a capped process also spends more per item than an
-                // uncapped one (smaller groups), so the margin is wide.
+                // running. The margin is wide because a capped process spends more per item than
+                // an uncapped one (smaller groups): with less, 4 capped writers keep a 2-core
+                // machine busy and the machine bounds the last step.
                 let per_item = |role: &str| main_ingest.cores[role].as_f64().unwrap_or(0.5) / ingest;
                 let budget = 0.6 * direct.unwrap_or(ingest).min(ingest) / 4.0;
                 let cap = |role: &str| (budget * per_item(role)).clamp(0.03, 0.45);
