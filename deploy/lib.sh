@@ -305,7 +305,7 @@ stop_process() {
 
 # The stack's fixed ports lie in the kernel's ephemeral range (32768-60999): an outgoing
 # connection can be given one of them as its local port while its service is down, and the
-# service's restart then fails with "Address already in use" (PostgreSQL did, once, for 28 s).
+# service's restart then fails with "Address already in use" until that connection ends.
 # Reserved ports are never given out that way. As root only; per network namespace.
 reserve_ports() {
     local file=/proc/sys/net/ipv4/ip_local_reserved_ports port current

@@ -47,8 +47,7 @@ impl Cgroups {
         std::fs::create_dir_all(&path)?;
         let quota = ((cores * PERIOD_US as f64) as u64).max(1_000);
         // A weight ten times the default as well: the quota, not the other processes of a busy
-        // machine, is what may hold a capped process back (one of four capped writers once got
-        // two thirds of its quota while PostgreSQL took the rest). The quota still bounds it.
+        // machine, is what may hold a capped process back. The quota still bounds it.
         match self {
             Cgroups::V1(_) => {
                 std::fs::write(path.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
