@@ -136,14 +136,34 @@ async fn main() {
         print_sample(args.get(1).map(String::as_str).unwrap_or("batch"));
         return;
     }
-    let outcome = match args.first().map(String::as_str) {
-        Some("singles") => singles(Config::from_env(), &args[1..]).await,
-        Some("soak") => soak::run().await,
-        _ => run(Config::from_env()).await,
+    let work = async {
+        match args.first().map(String::as_str) {
+            Some("singles") => singles(Config::from_env(), &args[1..]).await,
+            Some("soak") => soak::run().await,
+            _ => run(Config::from_env()).await,
+        }
+    };
+    // Stopped by a signal, the run is dropped, and with it what it started: the stacks stop
+    // their gateways and writers and delete their topics, the CPU quota groups are removed.
+    let outcome = tokio::select! {
+        outcome = work => outcome,
+        signal = stop_signal() => Err(anyhow::anyhow!("stopped by {signal}")),
     };
     if let Err(error) = outcome {
         eprintln!("loadgen: {error:#}");
         std::process::exit(1);
+    }
+}
+
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
     }
 }
 
