@@ -639,7 +639,7 @@ mod tests {
         assert!(matches!(next_plan(0).1, Expect::Status(201, 1)), "request 30, a new single");
         next_observe(0, Some((201, true)));
         assert_eq!(lock(&ledger).acknowledged.len(), 3 + 2 * SOAK_BATCH);
-        assert!(lock(&ledger).pending.is_empty() || !lock(&ledger).pending.contains_key(&30));
+        assert!(!lock(&ledger).pending.contains_key(&30), "request 30 is no longer pending");
     }
 
     #[test]
