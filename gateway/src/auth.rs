@@ -83,7 +83,12 @@ pub struct Authenticator {
 impl Authenticator {
     pub fn new(pool: PgPool, settings: CacheSettings, metrics: Metrics) -> Self {
         let cache = Cache::builder().max_capacity(settings.capacity).expire_after(Expiry(settings)).build();
-        let last_known = Cache::builder().max_capacity(settings.capacity).time_to_live(settings.stale_ttl).build();
+        // A stale answer is cached for `ttl` once given (see `stale`): kept that much shorter
+        // here, so that no answer outlives `stale_ttl` after the database gave it.
+        let last_known = Cache::builder()
+            .max_capacity(settings.capacity)
+            .time_to_live(settings.stale_ttl.saturating_sub(settings.ttl))
+            .build();
         Authenticator { pool, cache, last_known, metrics }
     }
 

@@ -72,8 +72,9 @@ struct Config {
     #[arg(long, env = "INTAKE_KEY_CACHE_CAPACITY", default_value_t = 100_000)]
     key_cache_capacity: u64,
     /// While PostgreSQL cannot be reached, how long a key keeps the last answer the database
-    /// gave for it (a database outage then delays writes instead of refusing every key).
-    #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000)]
+    /// gave for it, counted from that answer (a database outage then delays writes instead of
+    /// refusing every key); at most 10 minutes.
+    #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     auth_stale_ttl_ms: u64,
     /// Base address of the install script, for GET /v1/workspace.
     #[arg(long, env = "INTAKE_SCRIPT_BASE_URL", default_value = "https://cdn.intake.example")]
@@ -293,4 +294,32 @@ fn log_panics_without_their_message() {
         let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
         tracing::error!(%location, "panic");
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(["intake-gateway", "--database-url", "postgres://localhost/intake"].iter().chain(args))
+    }
+
+    #[test]
+    fn the_documented_limits_and_deadline_are_the_defaults() {
+        let config = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
+        // SPEC section 8 and DESIGN sections 2.3 and 3.
+        assert_eq!(config.requests_per_minute, 600);
+        assert_eq!(config.conversions_per_minute, 30_000);
+        assert_eq!(config.rate_limit_window_ms, 60_000);
+        assert_eq!(config.write_timeout_ms, 10_000);
+        assert!(config.auth_cache_ttl_ms <= 5_000);
+        assert_eq!(config.auth_stale_ttl_ms, 600_000);
+    }
+
+    #[test]
+    fn key_answers_cannot_be_kept_longer_than_documented() {
+        assert!(parse(&["--auth-cache-ttl-ms", "5001"]).is_err(), "a revocation is seen within 5 s");
+        assert!(parse(&["--auth-stale-ttl-ms", "600001"]).is_err(), "a stale answer lives 10 minutes at most");
+        assert!(parse(&["--auth-stale-ttl-ms", "600000"]).is_ok());
+    }
 }

@@ -373,7 +373,7 @@ impl Checker {
         if canonical.is_none() {
             self.error(
                 PATH,
-                "must be a number from 0 to 1000000000 with at most 6 decimals, or a string matching ^[0-9]{1,10}(\\.[0-9]{1,6})?$",
+                "must be a number from 0 to 1000000000, or a string matching ^[0-9]{1,10}(\\.[0-9]{1,6})?$",
             );
         }
         canonical.map(Decimal)
@@ -435,10 +435,14 @@ impl Checker {
     }
 }
 
-/// ISO 8601 date-time with a zone (`Z` or an offset), as UTC epoch milliseconds.
+/// ISO 8601 date-time with a zone (`Z` or an offset), as UTC epoch milliseconds. The ISO parser
+/// takes offsets up to ±25:59; a zone is at most 23:59 from UTC.
 fn parse_date_time(text: &str) -> Option<i64> {
     let parsed =
         OffsetDateTime::parse(text, &Rfc3339).or_else(|_| OffsetDateTime::parse(text, &Iso8601::DEFAULT)).ok()?;
+    if parsed.offset().whole_hours().unsigned_abs() > 23 {
+        return None;
+    }
     i64::try_from(parsed.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 

@@ -269,3 +269,59 @@ async fn a_database_outage_delays_writes_and_loses_none() {
         "the gateway answered from the last known key while the database was away: {text}"
     );
 }
+
+#[tokio::test]
+async fn a_key_keeps_its_last_answer_through_a_database_outage_for_the_stale_time_and_no_longer() {
+    let postgres = PrivatePostgres::start_new();
+    let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .arg("migrate")
+        .env("DATABASE_URL", postgres.url())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    // Not a multiple of the cache time: a stale answer cached just before the stale time ends
+    // must not outlive it.
+    let stale = Duration::from_millis(4_500);
+    let options = StackOptions {
+        database_url: Some(postgres.url()),
+        auth_cache_ttl_ms: 1_000,
+        gateway_args: vec!["--auth-stale-ttl-ms".into(), stale.as_millis().to_string()],
+        ..Default::default()
+    };
+    let stack = Stack::start_with(options).await;
+    let key = stack.workspace();
+    // The validation endpoint needs the key and nothing else of the database.
+    let body = intake_tests::serde_json::json!({"conversions": [conversion("lead")]});
+    let validate = || stack.post("/v1/conversions/validate", &key, &body);
+    assert_eq!(validate().await.status, 200);
+    // The database's last answer for the key came before this instant.
+    let last_answer = std::time::Instant::now();
+    postgres.stop();
+
+    let mut served_from_memory = Vec::new();
+    let refused = loop {
+        let reply = validate().await;
+        let at = last_answer.elapsed();
+        match reply.status {
+            200 => served_from_memory.push(at),
+            _ => break (reply, at),
+        }
+        assert!(
+            at < stale + Duration::from_secs(3),
+            "the key was still answered {at:?} after the database's last answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (reply, at) = refused;
+    assert_eq!((reply.status, reply.error_code()), (500, "internal_error"), "{}", reply.body);
+    assert!(!served_from_memory.is_empty(), "the key was served from its last answer during the outage");
+    let last_served = served_from_memory.iter().max().copied().unwrap_or_default();
+    assert!(
+        last_served <= stale + Duration::from_millis(300),
+        "served {last_served:?} after the database's last answer, beyond the stale time"
+    );
+    assert!(
+        at >= stale.saturating_sub(Duration::from_secs(2)),
+        "refused {at:?} after the last answer: the stale time was cut short"
+    );
+}

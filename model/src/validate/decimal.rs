@@ -9,12 +9,17 @@
 
 /// The largest value, in currency units.
 pub(crate) const MAX_VALUE: u64 = 1_000_000_000;
-/// Decimals a value may have, as a string (the pattern) and as a number (after trailing zeros).
-pub(crate) const MAX_DECIMALS: usize = 6;
+/// Decimals a JSON number's exact value may have: what PostgreSQL's `numeric` keeps after the
+/// point. SPEC bounds a number by its range only (the string form has a pattern of its own), so
+/// `0.1234567` and a float's `0.30000000000000004` are kept as sent.
+pub(crate) const MAX_NUMBER_DECIMALS: usize = 16_383;
+/// Past this an exponent is clamped: more than the digits any body can hold, so that no digits
+/// written beside a clamped exponent can bring its value back into range.
+const EXPONENT_CLAMP: i64 = 10_000_000;
 
 /// Canonical text (no leading zeros, no trailing fractional zeros, `-0` is `0`) of a JSON
-/// number's text, when it is 0 to [`MAX_VALUE`] with at most [`MAX_DECIMALS`] decimals in its
-/// exact value. `None` for anything else, including text that is not a JSON number.
+/// number's text, when it is 0 to [`MAX_VALUE`] with at most [`MAX_NUMBER_DECIMALS`] decimals
+/// in its exact value. `None` for anything else, including text that is not a JSON number.
 pub(crate) fn json_number_value(text: &str) -> Option<String> {
     let (negative, unsigned) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
@@ -47,7 +52,7 @@ pub(crate) fn json_number_value(text: &str) -> Option<String> {
     let scale = exponent - to_i64(fraction.len()) + to_i64(trailing_zeros);
     let decimals = usize::try_from(-scale).unwrap_or(0);
     let whole_digits = to_i64(significant.len()) + scale;
-    if decimals > MAX_DECIMALS || whole_digits > 10 {
+    if decimals > MAX_NUMBER_DECIMALS || whole_digits > 10 {
         return None;
     }
     let text = if scale >= 0 {
@@ -75,8 +80,8 @@ pub(crate) fn numeric_string_value(text: &str) -> String {
     }
 }
 
-/// The exponent of a JSON number, clamped: beyond ±10,000 no non-zero value is in range, and
-/// a clamp keeps `1e99999999999999999999` from overflowing.
+/// The exponent of a JSON number, clamped to ±[`EXPONENT_CLAMP`]: beyond it no non-zero value
+/// is in range, and the clamp keeps `1e99999999999999999999` from overflowing.
 fn exponent_value(text: &str) -> Option<i64> {
     let (negative, digits) = match text.strip_prefix('-') {
         Some(digits) => (true, digits),
@@ -86,7 +91,8 @@ fn exponent_value(text: &str) -> Option<i64> {
         return None;
     }
     let digits = digits.trim_start_matches('0');
-    let magnitude = if digits.len() > 5 { 10_000 } else { digits.parse::<i64>().unwrap_or(0).min(10_000) };
+    let magnitude =
+        if digits.len() > 8 { EXPONENT_CLAMP } else { digits.parse::<i64>().unwrap_or(0).min(EXPONENT_CLAMP) };
     Some(if negative { -magnitude } else { magnitude })
 }
 
@@ -114,6 +120,8 @@ mod tests {
 
     #[test]
     fn json_numbers_are_kept_exactly() {
+        let smallest_float = format!("0.{}5", "0".repeat(323));
+        let digits_then_exponent = format!("1{}e-1000010", "0".repeat(1_000_000));
         let cases = [
             ("0", "0"),
             ("-0", "0"),
@@ -138,6 +146,15 @@ mod tests {
             ("1E+3", "1000"),
             ("100e-2", "1"),
             ("0.10000000000000000000", "0.1"),
+            ("0.0000001", "0.0000001"),
+            ("1e-7", "0.0000001"),
+            ("0.1234567", "0.1234567"),
+            ("0.10000000000000001", "0.10000000000000001"),
+            ("0.30000000000000004", "0.30000000000000004"),
+            ("5e-324", smallest_float.as_str()),
+            // Digits beside an exponent as large as a body can hold are counted, not clamped.
+            (digits_then_exponent.as_str(), "0.0000000001"),
+            ("999999999.9999999999", "999999999.9999999999"),
         ];
         for (text, expected) in cases {
             assert_eq!(json_number_value(text).as_deref(), Some(expected), "{text}");
@@ -155,12 +172,9 @@ mod tests {
             "1e10",
             "10000000000",
             "1.0000001e9",
-            "0.0000001",
-            "1e-7",
-            "0.1234567",
-            "0.10000000000000001",
             "1e99999999999999999999",
             "1e-99999999999999999999",
+            "1e-16384",
             "99999999999999999999999999999999",
             "",
             "-",
