@@ -206,8 +206,10 @@ fn check_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion, Refuse
 /// The items of a valid batch envelope `{conversions: [...]}`, or its problems.
 fn batch_items<'a>(input: &'a Json<'a>) -> Result<&'a Vec<Json<'a>>, Problems> {
     let mut check = Checker::default();
+    // Envelope errors name `conversions` or an unknown field (docs/api.md, "Field errors"):
+    // a body that is not an object has no `conversions`.
     let Some(object) = input.as_object() else {
-        check.error("", "must be a JSON object");
+        check.error("conversions", "is required, in a JSON object {\"conversions\": [...]}");
         return Err(check.problems);
     };
     check.unknown_fields(object, &["conversions"], "");

@@ -127,6 +127,36 @@ async fn suspension_resumption_deletion_and_revocation_apply_within_5_seconds_de
 }
 
 #[tokio::test]
+async fn a_key_and_its_workspace_refused_at_once_answer_in_the_documented_order() {
+    let stack = Stack::start().await;
+    let command = |args: &[&str]| stack.run_writer_command(args).unwrap_or_else(|e| panic!("{e:#}"));
+    // Each key is asked only after all its changes: the answer is the database's, not a cache's.
+    let revoked_in_suspended = stack.workspace();
+    command(&["workspace", "suspend", &revoked_in_suspended.workspace_id]);
+    command(&["key", "revoke", &revoked_in_suspended.key_id]);
+    let revoked_in_deleted = stack.workspace();
+    command(&["workspace", "delete", &revoked_in_deleted.workspace_id]);
+    command(&["key", "revoke", &revoked_in_deleted.key_id]);
+    let suspended_then_deleted = stack.workspace();
+    command(&["workspace", "suspend", &suspended_then_deleted.workspace_id]);
+    command(&["workspace", "delete", &suspended_then_deleted.workspace_id]);
+    let reader_in_suspended = stack.workspace_with_scopes("workspace:read");
+    command(&["workspace", "suspend", &reader_in_suspended.workspace_id]);
+
+    for (key, status, code) in [
+        (&revoked_in_suspended, 401, "invalid_api_key"),
+        (&revoked_in_deleted, 401, "invalid_api_key"),
+        (&suspended_then_deleted, 404, "workspace_not_found"),
+    ] {
+        let reply = stack.get("/v1/workspace", key).await;
+        assert_eq!((reply.status, reply.error_code()), (status, code), "{}", reply.body);
+    }
+    // A write with a read-only key of a suspended workspace: the suspension answers first.
+    let reply = stack.post("/v1/conversions", &reader_in_suspended, &conversion("lead")).await;
+    assert_eq!((reply.status, reply.error_code()), (403, "workspace_suspended"), "{}", reply.body);
+}
+
+#[tokio::test]
 async fn error_order_auth_before_everything_else() {
     let stack = Stack::start().await;
     // Invalid body, query string and wrong scope: the missing key answers first.

@@ -63,7 +63,8 @@ async fn envelope_errors_are_answered_before_anything_is_written() {
         (json!({}), "conversions"),
         (json!({"conversions": {}}), "conversions"),
         (json!({"conversions": [conversion("lead")], "dry_run": true}), "dry_run"),
-        (json!([conversion("lead")]), ""),
+        (json!([conversion("lead")]), "conversions"),
+        (json!(null), "conversions"),
     ];
     for (body, path) in cases {
         let reply = stack.post("/v1/conversions/batch", &key, &body).await;

@@ -49,15 +49,16 @@ async fn workspace_and_key_commands_print_json_and_fail_clearly() {
     assert_eq!(reply.body["workspace"]["projectId"], "prj_1");
     assert_eq!(reply.body["sites"].as_array().map(Vec::len), Some(2));
 
-    for bad in [
-        vec!["key", "create", "--workspace", "ws_nope"],
-        vec!["key", "create", "--workspace", &id, "--scopes", "admin"],
-        vec!["workspace", "suspend", "ws_nope"],
-        vec!["key", "revoke", "key_nope"],
-        vec!["workspace", "create", "--name", "x", "--site-restriction", "some"],
+    // Each fails with a message that names what is wrong (the harness's error quotes stderr).
+    for (bad, names) in [
+        (vec!["key", "create", "--workspace", "ws_nope", "--scopes", "workspace:read"], "no workspace ws_nope"),
+        (vec!["key", "create", "--workspace", &id, "--scopes", "admin"], "unknown scope \"admin\""),
+        (vec!["workspace", "suspend", "ws_nope"], "no workspace ws_nope"),
+        (vec!["key", "revoke", "key_nope"], "no key key_nope"),
+        (vec!["workspace", "create", "--name", "x", "--site-restriction", "some"], "--site-restriction"),
     ] {
         let error = stack.run_writer_command(&bad).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(error.contains("failed"), "{bad:?} should fail");
+        assert!(error.contains(&format!("failed: intake-writer: {names}")), "{bad:?} should fail saying so: {error}");
     }
 }
 

@@ -77,6 +77,41 @@ async fn omitted_null_and_empty_fields_keep_stored_values() {
 }
 
 #[tokio::test]
+async fn tags_when_sent_replace_the_stored_tags_whole() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let mut input = conversion("lead");
+    input["tags"] = json!({"plan": "pro", "source": "crm"});
+    assert_eq!(stack.post("/v1/conversions", &key, &input).await.status, 201);
+    let external_id = input["external_id"].as_str().unwrap_or_default().to_owned();
+    let tags = || async {
+        sqlx::query_scalar::<_, Value>("SELECT tags FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+            .bind(&key.workspace_id)
+            .bind(&external_id)
+            .fetch_one(&database().await)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+
+    let mut resend = input.clone();
+    resend["tags"] = json!({"stage": "won"});
+    let reply = stack.post("/v1/conversions", &key, &resend).await;
+    assert_eq!((reply.status, reply.body["conversion"]["result"].clone()), (200, json!("updated")), "{reply:?}");
+    assert_eq!(tags().await, json!({"stage": "won"}), "no tag of the first send is kept");
+
+    // Omitted, the tags stay; sent empty, they are replaced by none.
+    let mut without = input.clone();
+    without.as_object_mut().map(|object| object.remove("tags"));
+    let reply = stack.post("/v1/conversions", &key, &without).await;
+    assert_eq!(reply.body["conversion"]["result"], json!("unchanged"), "{reply:?}");
+    assert_eq!(tags().await, json!({"stage": "won"}));
+    resend["tags"] = json!({});
+    let reply = stack.post("/v1/conversions", &key, &resend).await;
+    assert_eq!(reply.body["conversion"]["result"], json!("updated"), "{reply:?}");
+    assert_eq!(tags().await, json!({}));
+}
+
+#[tokio::test]
 async fn integer_and_string_external_id_are_one_conversion() {
     let stack = Stack::start().await;
     let key = stack.workspace();

@@ -624,6 +624,10 @@ fn batch_envelope() {
         .map(|e| e.path)
         .collect();
     assert_eq!(paths, vec!["extra"]);
+    for body in [json!([base()]), json!(null), json!(5), json!("conversions")] {
+        let paths: Vec<String> = batch_len(&body).err().unwrap_or_default().into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, vec!["conversions"], "{body}");
+    }
 }
 
 #[test]
