@@ -74,7 +74,7 @@ pub fn api_service(
             .layer(CatchPanicLayer::custom(panicked))
             .layer(CheckLayer::new(Routing { panic_test_route: state.panic_test_route }))
             .layer(CheckLayer::new(Authentication(state.clone())))
-            .layer(CheckLayer::new(QueryString))
+            .layer(CheckLayer::new(QueryString(state.clone())))
             .layer(CheckLayer::new(RequestRateLimit(state.clone())))
             .layer(CheckLayer::new(WriteAdmission(state.clone())))
             .service_fn(move |request| {

@@ -140,6 +140,7 @@ impl Check for Authentication {
             context.authenticated(&principal);
         }
         if !principal.scopes.iter().any(|s| s == scope) {
+            count_refused_request(&self.0, &principal).await;
             return Err(ApiError::InsufficientScope { missing: scope });
         }
         request.extensions.insert(principal);
@@ -147,7 +148,7 @@ impl Check for Authentication {
     }
 }
 
-pub struct QueryString;
+pub struct QueryString(pub Arc<AppState>);
 
 impl Check for QueryString {
     type Passed = ();
@@ -155,13 +156,25 @@ impl Check for QueryString {
     async fn check(&self, request: &mut http::request::Parts) -> Result<(), ApiError> {
         let refuses = request.extensions.get::<Route>().is_some_and(|route| route.refuses_query());
         if refuses && request.uri.query().is_some() {
+            if let Some(principal) = request.extensions.get::<Principal>() {
+                count_refused_request(&self.0, principal).await;
+            }
             return Err(ApiError::Code(ErrorCode::QueryNotAllowed));
         }
         Ok(())
     }
 }
 
-/// One request against its key's request limit; what is not authenticated is not counted.
+/// Every authenticated request counts against its key's request limit, also one refused for a
+/// reason that the error order answers before the limit (403 insufficient_scope, 400
+/// query_not_allowed): else a key could send such requests without end. Its own refusal
+/// answers it whatever the count says.
+async fn count_refused_request(state: &AppState, principal: &Principal) {
+    let _ = state.limiter.check(&principal.key_id, Counter::Requests, 1).await;
+}
+
+/// One request against its key's request limit; what is not authenticated is not counted, and
+/// what a check above refused was counted there.
 pub struct RequestRateLimit(pub Arc<AppState>);
 
 impl Check for RequestRateLimit {

@@ -300,6 +300,30 @@ async fn ratelimit_headers_on_every_response_past_the_request_limit() {
 }
 
 #[tokio::test]
+async fn requests_refused_for_scope_or_query_count_against_the_request_limit() {
+    let api = api_with(Settings { requests_per_key: 2, ..Settings::default() });
+    let query = api.post("/v1/conversions?x=1", Some("svc_live_good"), "{}").await;
+    assert_eq!((query.status, query.code()), (400, "query_not_allowed"));
+    let created = api.post_json(SINGLE, "svc_live_good", &conversion("A1")).await;
+    assert_eq!(
+        (created.status, created.header("ratelimit-remaining")),
+        (201, Some("0")),
+        "the refused request counted"
+    );
+    let limited = api.post_json(SINGLE, "svc_live_good", &conversion("A2")).await;
+    assert_eq!((limited.status, limited.code()), (429, "rate_limited"));
+
+    for _ in 0..2 {
+        let scope = api.post(SINGLE, Some("svc_live_readonly"), "{}").await;
+        assert_eq!((scope.status, scope.code()), (403, "insufficient_scope"));
+    }
+    let scope = api.post(SINGLE, Some("svc_live_readonly"), "{}").await;
+    assert_eq!((scope.status, scope.code()), (403, "insufficient_scope"), "the error order answers first");
+    let read = api.get("/v1/workspace", Some("svc_live_readonly")).await;
+    assert_eq!((read.status, read.code()), (429, "rate_limited"), "two refused requests used the key's limit");
+}
+
+#[tokio::test]
 async fn refusals_for_load_say_when_to_retry() {
     let api = api_with(Settings { requests_per_key: 1, ..Settings::default() });
     assert_eq!(api.post_json(SINGLE, "svc_live_good", &conversion("A1")).await.status, 201);
