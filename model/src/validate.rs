@@ -264,7 +264,7 @@ impl Checker {
         unknown.sort_unstable();
         unknown.dedup();
         for name in unknown {
-            self.error(format_args!("{prefix}{name}"), "is not a known field");
+            self.problems.add_sender_named(format_args!("{prefix}{name}"), "is not a known field");
         }
     }
 
@@ -422,15 +422,18 @@ impl Checker {
         let mut tags = BTreeMap::new();
         for (key, value) in entries {
             let path = format_args!("tags.{key}");
+            // Tag keys are the sender's names: their problems are capped like unknown fields'.
             if !TAG_KEY.is_match(key) {
-                self.error(path, "key must match ^[a-z_]{1,24}$");
+                self.problems.add_sender_named(path, "key must match ^[a-z_]{1,24}$");
                 continue;
             }
             match value.as_str() {
                 Some(text) if text.chars().count() <= 64 && !has_control_chars(text) => {
                     tags.insert(key.to_owned(), text.to_owned());
                 }
-                _ => self.error(path, "must be a string of at most 64 characters without control characters"),
+                _ => self
+                    .problems
+                    .add_sender_named(path, "must be a string of at most 64 characters without control characters"),
             }
         }
         (self.problems.count() == problems_before).then_some(tags)

@@ -258,7 +258,22 @@ async fn details_are_capped_per_item_and_per_response() {
     let envelope = format!(r#"{{"conversions":[],{}}}"#, unknown_fields(5000));
     let answer = post_text(&stack, "/v1/conversions/batch", &key, envelope).await;
     assert_eq!(answer.status, 422, "{}", answer.body);
-    assert_eq!(answer.body["error"]["details"].as_array().map(Vec::len), Some(20));
+    // The envelope's own field is named besides the 20 entries of unknown fields.
+    assert_eq!(answer.body["error"]["details"].as_array().map(Vec::len), Some(21));
+    let details = answer.body["error"]["details"].as_array().cloned().unwrap_or_default();
+    assert!(details.iter().any(|detail| detail["path"] == "conversions"), "{}", answer.body);
+
+    // A schema field's problem is named however many unknown fields come with it.
+    let answer = post_text(
+        &stack,
+        "/v1/conversions",
+        &key,
+        conversion_text(&fresh_id(), &format!(r#""currency":"EURO",{}"#, unknown_fields(3000))),
+    )
+    .await;
+    let details = answer.body["error"]["details"].as_array().cloned().unwrap_or_default();
+    assert_eq!(details.len(), 21, "{}", answer.body);
+    assert!(details.iter().any(|detail| detail["path"] == "currency"), "{}", answer.body);
 
     // A batch of nearly 1 MiB of unknown fields: 500 items of 200 problems each.
     let items: Vec<String> = (0..500).map(|_| conversion_text(&fresh_id(), &unknown_fields(200))).collect();

@@ -1,7 +1,10 @@
-//! The cap on `error.details`: at most [`MAX_DETAILS_PER_ITEM`] entries per object checked (a
-//! conversion, a batch item, the batch envelope) and [`MAX_DETAILS_PER_RESPONSE`] per response.
-//! When problems are left out, the last entry (path `""`, the root of the object) says how many.
-//! This is the only place that caps; the gateway renders what it is given.
+//! The cap on `error.details`. A field the schema names (`event`, `address.zip`, `tags`) is
+//! always listed: there are a few dozen at most. What the sender names (unknown fields, tag
+//! entries) can number 100,000 in a body: at most [`MAX_DETAILS_PER_ITEM`] of those are listed
+//! per object checked (a conversion, a batch item, the batch envelope) and
+//! [`MAX_DETAILS_PER_RESPONSE`] per response. When some are left out, the last entry (path
+//! `""`, the root of the object) says how many. This is the only place that caps; the gateway
+//! renders what it is given.
 
 use crate::error::FieldError;
 use std::fmt::Display;
@@ -9,20 +12,33 @@ use std::fmt::Display;
 pub const MAX_DETAILS_PER_ITEM: usize = 20;
 pub const MAX_DETAILS_PER_RESPONSE: usize = 1000;
 
-/// The problems found in one object: the first [`MAX_DETAILS_PER_ITEM`] of them, and how many
-/// there were in all. Problems past the cap are counted, not built, so that a body of 100,000
-/// unknown fields costs no more than counting them.
+/// The problems found in one object: every problem of a schema field, the first
+/// [`MAX_DETAILS_PER_ITEM`] of the fields the sender named, and how many of those there were in
+/// all. Problems past the cap are counted, not built, so that a body of 100,000 unknown fields
+/// costs no more than counting them.
 #[derive(Debug, Default)]
 pub(crate) struct Problems {
-    first: Vec<FieldError>,
+    /// In the order found; `true` for a field the sender named.
+    listed: Vec<(FieldError, bool)>,
+    sender_named_listed: usize,
+    sender_named: usize,
     total: usize,
 }
 
 impl Problems {
+    /// A problem of a field the schema names: always listed.
     pub(crate) fn add(&mut self, path: impl Display, message: impl Display) {
         self.total += 1;
-        if self.first.len() < MAX_DETAILS_PER_ITEM {
-            self.first.push(FieldError::new(path.to_string(), message.to_string()));
+        self.listed.push((FieldError::new(path.to_string(), message.to_string()), false));
+    }
+
+    /// A problem of a field the sender named (an unknown field, a tag entry).
+    pub(crate) fn add_sender_named(&mut self, path: impl Display, message: impl Display) {
+        self.total += 1;
+        self.sender_named += 1;
+        if self.sender_named_listed < MAX_DETAILS_PER_ITEM {
+            self.sender_named_listed += 1;
+            self.listed.push((FieldError::new(path.to_string(), message.to_string()), true));
         }
     }
 
@@ -35,27 +51,40 @@ impl Problems {
         self.total == 0
     }
 
-    /// At most `limit` (at least 1) entries; when some are left out, the last entry says how many.
-    pub(crate) fn into_details(mut self, limit: usize) -> Vec<FieldError> {
+    /// Every schema field's problem and at most `limit` entries for the fields the sender named,
+    /// the last of them saying how many were left out, if any; never an empty list.
+    pub(crate) fn into_details(self, limit: usize) -> Vec<FieldError> {
         let limit = limit.clamp(1, MAX_DETAILS_PER_ITEM);
-        if self.total <= limit {
-            return self.first;
+        let listed_sender_named = if self.sender_named <= limit { self.sender_named } else { limit.saturating_sub(1) };
+        let left_out = self.sender_named - listed_sender_named;
+        let mut kept = 0;
+        let mut details: Vec<FieldError> = self
+            .listed
+            .into_iter()
+            .filter(|(_, sender_named)| {
+                let keep = !sender_named || kept < listed_sender_named;
+                kept += usize::from(*sender_named && keep);
+                keep
+            })
+            .map(|(detail, _)| detail)
+            .collect();
+        if left_out > 0 {
+            let more = if details.is_empty() { "" } else { " more" };
+            details.push(FieldError::new("", format!("{left_out}{more} problems not listed")));
         }
-        self.first.truncate(limit - 1);
-        let left_out = self.total - self.first.len();
-        let message = if self.first.is_empty() {
-            format!("{left_out} problems not listed")
-        } else {
-            format!("{left_out} more problems not listed")
-        };
-        self.first.push(FieldError::new("", message));
-        self.first
+        details
+    }
+
+    /// How many entries [`Problems::into_details`] gives for the sender's fields with `limit`.
+    fn sender_named_entries(&self, limit: usize) -> usize {
+        self.sender_named.min(limit.clamp(1, MAX_DETAILS_PER_ITEM))
     }
 }
 
-/// Shares [`MAX_DETAILS_PER_RESPONSE`] among the refused items of one batch, in input order.
-/// One entry is kept back for each refused item still to come, so that every refused item
-/// names at least one problem (a batch has at most 500 items, fewer than the cap).
+/// Shares [`MAX_DETAILS_PER_RESPONSE`] entries for the fields the senders named among the
+/// refused items of one batch, in input order. One entry is kept back for each refused item
+/// still to come, so that every refused item names at least one problem (a batch has at most
+/// 500 items, fewer than the cap).
 pub(crate) struct ResponseBudget {
     entries_left: usize,
     lists_left: usize,
@@ -69,10 +98,10 @@ impl ResponseBudget {
 
     pub(crate) fn details(&mut self, problems: Problems) -> Vec<FieldError> {
         self.lists_left = self.lists_left.saturating_sub(1);
-        let limit = self.entries_left.saturating_sub(self.lists_left).min(MAX_DETAILS_PER_ITEM);
-        let details = problems.into_details(limit);
-        self.entries_left = self.entries_left.saturating_sub(details.len());
-        details
+        let limit = self.entries_left.saturating_sub(self.lists_left).max(1);
+        let used = problems.sender_named_entries(limit);
+        self.entries_left = self.entries_left.saturating_sub(used);
+        problems.into_details(limit)
     }
 }
 
@@ -83,7 +112,7 @@ mod tests {
     fn problems(count: usize) -> Problems {
         let mut problems = Problems::default();
         for index in 0..count {
-            problems.add(format_args!("field_{index}"), "is not a known field");
+            problems.add_sender_named(format_args!("field_{index}"), "is not a known field");
         }
         problems
     }
@@ -121,6 +150,18 @@ mod tests {
         assert_eq!(all[0].len(), MAX_DETAILS_PER_ITEM);
         assert_eq!(all[0][19].message, "11 more problems not listed");
         assert_eq!(all[lists - 1], vec![FieldError::new("", "30 problems not listed")]);
+    }
+
+    #[test]
+    fn problems_of_schema_fields_are_all_listed_beside_the_capped_ones() {
+        let mut mixed = problems(100);
+        for index in 0..30 {
+            mixed.add(format_args!("schema_{index}"), "is wrong");
+        }
+        let details = mixed.into_details(MAX_DETAILS_PER_ITEM);
+        assert_eq!(details.len(), 30 + MAX_DETAILS_PER_ITEM);
+        assert_eq!(details.iter().filter(|d| d.path.starts_with("schema_")).count(), 30);
+        assert_eq!(details.last(), Some(&FieldError::new("", "81 more problems not listed")));
     }
 
     #[test]

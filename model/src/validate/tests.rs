@@ -672,8 +672,10 @@ fn batch_envelope_details_are_capped() {
         envelope[format!("extra_{index}")] = json!(1);
     }
     let details = validate_batch(&envelope, NOW_MS).err().unwrap_or_default();
-    assert_eq!(details.len(), MAX_DETAILS_PER_ITEM);
-    assert_eq!(details[19], FieldError::new("", "82 more problems not listed"));
+    // The empty `conversions` is always named; the unknown fields are capped.
+    assert_eq!(details.len(), MAX_DETAILS_PER_ITEM + 1);
+    assert!(details.contains(&FieldError::new("conversions", "must have 1 to 500 items")));
+    assert_eq!(details[20], FieldError::new("", "81 more problems not listed"));
 }
 
 #[test]
@@ -742,4 +744,57 @@ mod properties {
             }
         }
     }
+}
+
+#[test]
+fn every_problem_of_a_schema_field_is_listed_however_many_unknown_fields_come_first() {
+    let mut input = with_unknown_fields(100);
+    for (field, value) in [
+        ("event", json!("bad event!")),
+        ("external_id", json!(-1)),
+        ("parent_external_id", json!(-1)),
+        ("occurred_at", json!("yesterday")),
+        ("visitor_id", json!("short")),
+        ("click_id", json!("short")),
+        ("contact_id", json!("a\u{1}b")),
+        ("email", json!("e".repeat(255))),
+        ("phone", json!("1".repeat(33))),
+        ("country", json!("USA")),
+        ("address", json!({"line1": 7, "zip": "z".repeat(17), "country": "USA", "floor": 2})),
+        ("value", json!(-1)),
+        ("currency", json!("EURO")),
+        ("hdyhau", json!("a\u{1}b")),
+        ("tags", json!({"Bad Key": "x"})),
+        ("email_sha256", json!("not hex")),
+        ("phone_sha256", json!("not hex")),
+        ("address_sha256", json!("not hex")),
+    ] {
+        input[field] = value;
+    }
+    let listed = paths(&input);
+    let schema_paths = [
+        "event",
+        "external_id",
+        "parent_external_id",
+        "occurred_at",
+        "visitor_id",
+        "click_id",
+        "contact_id",
+        "email",
+        "phone",
+        "country",
+        "address.line1",
+        "address.zip",
+        "address.country",
+        "value",
+        "currency",
+        "hdyhau",
+        "email_sha256",
+        "phone_sha256",
+        "address_sha256",
+    ];
+    for path in schema_paths {
+        assert!(listed.iter().any(|p| p == path), "{path} is not listed: {listed:?}");
+    }
+    assert!(listed.len() > MAX_DETAILS_PER_ITEM + schema_paths.len() - 1, "{listed:?}");
 }
