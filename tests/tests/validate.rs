@@ -219,7 +219,7 @@ async fn errors_come_in_the_batch_endpoints_order() {
         (json!({"conversions": null}), "conversions"),
         (json!({"conversions": {}}), "conversions"),
         (json!({"conversions": [conversion("lead")], "dry_run": true}), "dry_run"),
-        (json!([conversion("lead")]), ""),
+        (json!([conversion("lead")]), "conversions"),
     ] {
         let reply = stack.post(PATH, &key, &body).await;
         assert_eq!((reply.status, reply.error_code()), (422, "validation_failed"), "{path}: {reply:?}");
