@@ -7,7 +7,7 @@ use intake_tests::{conversion, produce_request, topic_headers, Stack, StackOptio
 use std::time::{Duration, Instant};
 
 #[tokio::test]
-async fn a_message_whose_reply_partition_does_not_exist_does_not_stop_the_writer() {
+async fn a_message_whose_reply_partition_does_not_exist_is_dead_lettered_unapplied_and_the_writer_goes_on() {
     let stack = Stack::start().await;
     let key = stack.workspace();
     let topic = format!("{}.requests", stack.topic_prefix);
@@ -19,9 +19,23 @@ async fn a_message_whose_reply_partition_does_not_exist_does_not_stop_the_writer
     let next = stack.post("/v1/conversions", &key, &conversion("lead")).await;
     assert_eq!(next.status, 201, "{next:?}");
     assert!(started.elapsed() < Duration::from_secs(5), "served at once: {:?}", started.elapsed());
-    // The orphan message itself was applied: its reply was given up on, not its data.
+
+    // Nobody could be answered for it, so it was not applied: the client's send creates it.
+    let letters = topic_headers(&format!("{topic}.dlq"), 1, Duration::from_secs(20));
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].get("reason").map(String::as_str), Some("no_reply_partition"), "{letters:?}");
+    assert!(letters[0].get("error").is_some_and(|e| e.contains("partitions")), "{letters:?}");
     let resent = stack.post("/v1/conversions", &key, &input).await;
-    assert_eq!(resent.body["conversion"]["result"], json!("unchanged"), "{resent:?}");
+    assert_eq!(resent.body["conversion"]["result"], json!("created"), "{resent:?}");
+
+    // Another one at once: answered from what the brokers said, without holding the reader.
+    produce_request(&topic, &key.workspace_id, 99, &conversion("lead")).await;
+    let started = Instant::now();
+    let next = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!(next.status, 201, "{next:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "served at once: {:?}", started.elapsed());
+    let letters = topic_headers(&format!("{topic}.dlq"), 2, Duration::from_secs(20));
+    assert_eq!(letters.len(), 2, "{letters:?}");
 }
 
 #[tokio::test]

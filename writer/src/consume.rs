@@ -141,6 +141,8 @@ pub async fn run(
         dlq_topic: settings.kafka.dlq_topic.clone(),
         policy: settings.policy,
         metrics: metrics.clone(),
+        reply_partitions: std::sync::atomic::AtomicI32::new(0),
+        missing_confirmed: std::sync::Mutex::default(),
     });
     let scheduler = Arc::new(Scheduler::new(settings.workspace_backlog, MAX_GROUP));
     tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));

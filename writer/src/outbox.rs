@@ -3,14 +3,19 @@
 //! retry policy of `retry.rs`.
 
 use crate::metrics::{self, Metrics};
-use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
+use crate::retry::{shutdown_asked, Classify, Failure, Interrupted, Policy, Stop};
 use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequestV1};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// How long one look at the replies topic's partitions may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Outbox {
     pub producer: FutureProducer,
@@ -18,6 +23,43 @@ pub struct Outbox {
     pub dlq_topic: String,
     pub policy: Policy,
     pub metrics: Arc<Metrics>,
+    /// How many partitions the replies topic had when last asked (0: not asked yet). A topic's
+    /// partitions are only ever added, so a partition below this count exists.
+    pub reply_partitions: AtomicI32,
+    /// When the brokers last confirmed a partition missing: within [`MISSING_KNOWN_FOR`] the
+    /// next message naming one is answered from that, so that a stream of such messages does
+    /// not hold the reader (and every other workspace) in retries.
+    pub missing_confirmed: std::sync::Mutex<Option<Instant>>,
+}
+
+/// See [`Outbox::missing_confirmed`].
+const MISSING_KNOWN_FOR: Duration = Duration::from_secs(10);
+
+/// Why a reply partition could not be confirmed.
+#[derive(Debug)]
+enum PartitionCheck {
+    /// The brokers answered, and the topic has no such partition.
+    Missing { partitions: i32 },
+    /// The brokers could not be asked: an outage, waited out.
+    Unasked(KafkaError),
+}
+
+impl std::fmt::Display for PartitionCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PartitionCheck::Missing { partitions } => write!(f, "the replies topic has {partitions} partitions"),
+            PartitionCheck::Unasked(error) => write!(f, "the replies topic's partitions: {error}"),
+        }
+    }
+}
+
+impl Classify for PartitionCheck {
+    fn failure(&self) -> Failure {
+        match self {
+            PartitionCheck::Missing { .. } => Failure::Permanent,
+            PartitionCheck::Unasked(_) => Failure::Outage,
+        }
+    }
 }
 
 /// What a dead letter says about why (its Kafka headers).
@@ -84,6 +126,60 @@ impl Outbox {
             Err(Stop::Busy { .. }) => Ok(()),
             Err(Stop::Interrupted) => Err(Interrupted),
         }
+    }
+
+    /// Whether the request's reply partition exists, asking the brokers when the last count
+    /// says no: a partition just added is found; one still missing after the policy's attempts
+    /// is `Err` with the reason, and the message cannot be answered (DESIGN 2.5: dead-lettered).
+    pub async fn reply_partition_exists(
+        &self,
+        partition: i32,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Result<(), String>, Interrupted> {
+        let known = self.reply_partitions.load(Ordering::Relaxed);
+        if (0..known).contains(&partition) {
+            return Ok(Ok(()));
+        }
+        let recently =
+            self.missing_confirmed.lock().ok().and_then(|at| *at).is_some_and(|at| at.elapsed() < MISSING_KNOWN_FOR);
+        if recently {
+            return Ok(Err(PartitionCheck::Missing { partitions: known }.to_string()));
+        }
+        let check = || async {
+            let partitions = self.count_reply_partitions().await.map_err(PartitionCheck::Unasked)?;
+            self.reply_partitions.fetch_max(partitions, Ordering::Relaxed);
+            if (0..partitions).contains(&partition) {
+                Ok(())
+            } else {
+                Err(PartitionCheck::Missing { partitions })
+            }
+        };
+        match self.policy.run("reply_partition", &self.metrics, None, shutdown, check).await {
+            Ok(()) => Ok(Ok(())),
+            Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
+                if let Ok(mut at) = self.missing_confirmed.lock() {
+                    *at = Some(Instant::now());
+                }
+                Ok(Err(error.to_string()))
+            }
+            Err(Stop::Interrupted) => Err(Interrupted),
+        }
+    }
+
+    async fn count_reply_partitions(&self) -> Result<i32, KafkaError> {
+        let (producer, topic) = (self.producer.clone(), self.replies_topic.clone());
+        // rdkafka's metadata call blocks its thread.
+        let counted = tokio::task::spawn_blocking(move || {
+            let metadata = producer.client().fetch_metadata(Some(&topic), METADATA_TIMEOUT)?;
+            let described = metadata.topics().iter().find(|t| t.name() == topic);
+            // A replies topic that is not there (yet) is the deployment's fault, not the
+            // message's: waited out like an outage rather than dead-lettering every message.
+            match described.and_then(|t| t.error().map(|e| (t, e))) {
+                Some((_, error)) => Err(KafkaError::MetadataFetch(error.into())),
+                None => Ok(i32::try_from(described.map_or(0, |t| t.partitions().len())).unwrap_or(i32::MAX)),
+            }
+        });
+        counted.await.unwrap_or(Err(KafkaError::Canceled))
     }
 
     fn reply_record<'a>(

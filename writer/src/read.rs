@@ -82,6 +82,11 @@ impl Reader {
             self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
             return Ok(());
         }
+        if let Err(error) = self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
+            self.unanswerable(&message, &request, error, shutdown).await?;
+            self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
+            return Ok(());
+        }
         let workspace_id = request.workspace_id.clone();
         let queued = Queued { partition, offset, message: Request { message, request } };
         if let Some(partition) = self.scheduler.push(&workspace_id, queued) {
@@ -89,6 +94,30 @@ impl Reader {
             self.consumer.pause(partition);
         }
         Ok(())
+    }
+
+    /// A message whose reply partition does not exist cannot be answered: no gateway waits on
+    /// that partition, so no client was told anything of it. It is not applied (nor any later
+    /// chunk of its request), and it is dead-lettered with the reason for an operator.
+    async fn unanswerable(
+        &self,
+        message: &OwnedMessage,
+        request: &intake_common::message::WriteRequestV1,
+        error: String,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
+        tracing::error!(
+            %error,
+            reply_partition = request.reply_partition,
+            partition = message.partition(),
+            offset = message.offset(),
+            "a request message names a reply partition that does not exist"
+        );
+        record(&self.metrics, message, request, "failed", &ChunkOutcome::Failed);
+        let part = request.request.as_ref();
+        fail_request(&self.pool, self.policy, &self.metrics, &request.workspace_id, part, shutdown).await?;
+        let letter = DeadLetter { reason: "no_reply_partition", error, attempts: self.policy.max_attempts, message };
+        self.outbox.dead_letter(letter, shutdown).await
     }
 
     /// Dead-lettered and answered failed (its request too, so that no later chunk of it is
