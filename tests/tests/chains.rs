@@ -99,6 +99,33 @@ async fn merged_chains_resolve_to_the_oldest() {
 }
 
 #[tokio::test]
+async fn a_chain_merged_twice_resolves_to_the_last_survivor() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let chain =
+        |reply: &intake_tests::Reply| reply.body["conversion"]["chain_id"].as_str().unwrap_or_default().to_owned();
+    let oldest = chain(&stack.post("/v1/conversions", &key, &stage("lead", "t-z", None)).await);
+    let middle = chain(&stack.post("/v1/conversions", &key, &stage("qualified", "t-y", Some("t-p"))).await);
+    let youngest = chain(&stack.post("/v1/conversions", &key, &stage("lead", "t-x", None)).await);
+    // t-p joins its child's chain and its parent's: the younger merges into the older.
+    let first = stack.post("/v1/conversions", &key, &stage("lead", "t-p", Some("t-x"))).await;
+    assert_eq!(chain(&first), middle);
+    // t-x, now in the middle chain, names t-z as its parent: the middle chain merges into the oldest.
+    let second = stack.post("/v1/conversions", &key, &stage("lead", "t-x", Some("t-z"))).await;
+    assert_eq!(chain(&second), oldest, "{second:?}");
+    assert_eq!(chains_of(&key.workspace_id, "t").await, vec![oldest.clone()]);
+    let merged_into = |id: String| async move {
+        sqlx::query_scalar::<_, Option<String>>("SELECT merged_into FROM chains WHERE id = $1")
+            .bind(id)
+            .fetch_one(&database().await)
+            .await
+            .unwrap_or_default()
+    };
+    assert_eq!(merged_into(middle).await.as_deref(), Some(oldest.as_str()));
+    assert_eq!(merged_into(youngest).await.as_deref(), Some(oldest.as_str()), "resolves in one step");
+}
+
+#[tokio::test]
 async fn a_parent_that_arrives_later_links_the_stored_children() {
     let stack = Stack::start().await;
     let key = stack.workspace();

@@ -134,6 +134,18 @@ async fn ratelimit_headers_describe_the_request_window() {
 }
 
 #[tokio::test]
+async fn retry_after_is_the_seconds_to_the_end_of_the_minute() {
+    let options = StackOptions { requests_per_minute: 1, ..StackOptions::default() };
+    let (stack, key, _) = Stack::with_window(options, Duration::from_secs(5)).await;
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
+    let expected = secs_to_the_minute_end();
+    let refused = stack.get("/v1/workspace", &key).await;
+    assert_rate_limited(&refused);
+    let retry_after: u64 = refused.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(expected.abs_diff(retry_after) <= 1, "Retry-After {retry_after}: seconds to the minute's end, {expected}");
+}
+
+#[tokio::test]
 async fn a_write_over_the_conversion_limit_is_refused_whole_and_not_counted() {
     let (stack, key, window_end) = ten_conversions_a_window().await;
     let mut with_invalid = batch(7);

@@ -75,6 +75,15 @@ async fn workspace_response() {
     assert_eq!(body["sites"], json!([{"host": "shop.example", "lastSeenAt": Value::Null}]));
     assert_eq!(body["key"]["id"], json!(key.key_id));
     assert_eq!(body["key"]["scopes"], json!(["workspace:read", "conversions:write"]));
+
+    // A site seen by the tracking script: when, as an RFC 3339 UTC instant.
+    sqlx::query("UPDATE sites SET last_seen_at = '2026-03-04 05:06:07.5+00' WHERE workspace_id = $1")
+        .bind(&key.workspace_id)
+        .execute(&intake_tests::database().await)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = stack.get("/v1/workspace", &key).await;
+    assert_eq!(reply.body["sites"], json!([{"host": "shop.example", "lastSeenAt": "2026-03-04T05:06:07.5Z"}]));
 }
 
 #[tokio::test]
