@@ -307,7 +307,7 @@ mod tests {
     #[test]
     fn the_documented_limits_and_deadline_are_the_defaults() {
         let config = parse(&[]).unwrap_or_else(|e| panic!("{e}"));
-        // SPEC section 8 and DESIGN sections 2.3 and 3.
+        // docs/api.md, "Limits" and "Authentication".
         assert_eq!(config.requests_per_minute, 600);
         assert_eq!(config.conversions_per_minute, 30_000);
         assert_eq!(config.rate_limit_window_ms, 60_000);

@@ -130,7 +130,8 @@ impl Outbox {
 
     /// Whether the request's reply partition exists, asking the brokers when the last count
     /// says no: a partition just added is found; one still missing after the policy's attempts
-    /// is `Err` with the reason, and the message cannot be answered (DESIGN 2.5: dead-lettered).
+    /// is `Err` with the reason, and the message cannot be answered (docs/architecture.md,
+    /// "Failure classes": dead-lettered).
     pub async fn reply_partition_exists(
         &self,
         partition: i32,
