@@ -76,6 +76,10 @@ struct Config {
     /// refusing every key); at most 10 minutes.
     #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     auth_stale_ttl_ms: u64,
+    /// How long a request waits for a database connection (a key look-up); past it the look-up
+    /// has failed, and the key's last known answer is used.
+    #[arg(long, env = "INTAKE_DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 3_000)]
+    database_acquire_timeout_ms: u64,
     /// Base address of the install script, for GET /v1/workspace.
     #[arg(long, env = "INTAKE_SCRIPT_BASE_URL", default_value = "https://cdn.intake.example")]
     script_base_url: String,
@@ -189,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(config.database.pool_size)
-        .acquire_timeout(Duration::from_secs(3))
+        .acquire_timeout(ms(config.database_acquire_timeout_ms))
         .connect_lazy(&config.database.url)?;
     let metrics = metrics::Metrics::new();
     let readiness = Arc::new(ready::Readiness::default());

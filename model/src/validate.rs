@@ -90,8 +90,9 @@ pub fn validate_conversion(input: &Json, now_ms: i64) -> Result<ValidConversion,
 }
 
 /// Validates a batch: the envelope `{conversions: [...]}` (its problems are the `Err`), then
-/// each item in order. An item that is not an object is an item error. The details of all
-/// refused items together stay within [`MAX_DETAILS_PER_RESPONSE`].
+/// each item in order. An item that is not an object is an item error. The details that name
+/// fields the sender chose (unknown fields, tag keys) stay within [`MAX_DETAILS_PER_RESPONSE`]
+/// for all refused items together; those of the API's own fields are all listed.
 pub fn validate_batch(input: &Json, now_ms: i64) -> Result<BatchItems, Vec<FieldError>> {
     let items = batch_items(input).map_err(|problems| problems.into_details(MAX_DETAILS_PER_ITEM))?;
     let checked: Vec<Result<ValidConversion, Refused>> =

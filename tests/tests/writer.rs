@@ -36,6 +36,10 @@ async fn a_message_whose_reply_partition_does_not_exist_is_dead_lettered_unappli
     assert!(started.elapsed() < Duration::from_secs(2), "served at once: {:?}", started.elapsed());
     let letters = topic_headers(&format!("{topic}.dlq"), 2, Duration::from_secs(20));
     assert_eq!(letters.len(), 2, "{letters:?}");
+    // The brokers were asked through the retry policy for the first; the second was answered
+    // from what they said.
+    let attempts: Vec<Option<&str>> = letters.iter().map(|l| l.get("attempts").map(String::as_str)).collect();
+    assert_eq!(attempts, [Some("3"), Some("0")], "{letters:?}");
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteReques
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,10 +27,17 @@ pub struct Outbox {
     /// How many partitions the replies topic had when last asked (0: not asked yet). A topic's
     /// partitions are only ever added, so a partition below this count exists.
     pub reply_partitions: AtomicI32,
-    /// When the brokers last confirmed a partition missing: within [`MISSING_KNOWN_FOR`] the
-    /// next message naming one is answered from that, so that a stream of such messages does
-    /// not hold the reader (and every other workspace) in retries.
-    pub missing_confirmed: std::sync::Mutex<Option<Instant>>,
+    /// The partitions the brokers confirmed missing, and when: within [`MISSING_KNOWN_FOR`] the
+    /// next message naming the same one is answered from that, so that a stream of such
+    /// messages does not hold the reader (and every other workspace) in retries.
+    pub missing_confirmed: std::sync::Mutex<HashMap<i32, Instant>>,
+}
+
+/// A reply partition that cannot be answered on, and how many times the brokers were asked
+/// (0: a recent answer of theirs was used).
+pub struct Unanswerable {
+    pub reason: String,
+    pub attempts: u32,
 }
 
 /// See [`Outbox::missing_confirmed`].
@@ -136,15 +144,15 @@ impl Outbox {
         &self,
         partition: i32,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<Result<(), String>, Interrupted> {
+    ) -> Result<Result<(), Unanswerable>, Interrupted> {
         let known = self.reply_partitions.load(Ordering::Relaxed);
         if (0..known).contains(&partition) {
             return Ok(Ok(()));
         }
-        let recently =
-            self.missing_confirmed.lock().ok().and_then(|at| *at).is_some_and(|at| at.elapsed() < MISSING_KNOWN_FOR);
-        if recently {
-            return Ok(Err(PartitionCheck::Missing { partitions: known }.to_string()));
+        let recently = self.missing_confirmed.lock().ok().and_then(|missing| missing.get(&partition).copied());
+        if recently.is_some_and(|at| at.elapsed() < MISSING_KNOWN_FOR) {
+            let reason = PartitionCheck::Missing { partitions: known }.to_string();
+            return Ok(Err(Unanswerable { reason, attempts: 0 }));
         }
         let check = || async {
             let partitions = self.count_reply_partitions().await.map_err(PartitionCheck::Unasked)?;
@@ -157,12 +165,15 @@ impl Outbox {
         };
         match self.policy.run("reply_partition", &self.metrics, None, shutdown, check).await {
             Ok(()) => Ok(Ok(())),
-            Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
-                if let Ok(mut at) = self.missing_confirmed.lock() {
-                    *at = Some(Instant::now());
+            Err(Stop::GaveUp { error, attempts }) => {
+                if let Ok(mut missing) = self.missing_confirmed.lock() {
+                    missing.retain(|_, at| at.elapsed() < MISSING_KNOWN_FOR);
+                    missing.insert(partition, Instant::now());
                 }
-                Ok(Err(error.to_string()))
+                Ok(Err(Unanswerable { reason: error.to_string(), attempts }))
             }
+            // Neither a lock wait nor an outage ends here: outages are waited out.
+            Err(Stop::Busy { error }) => Ok(Err(Unanswerable { reason: error.to_string(), attempts: 1 })),
             Err(Stop::Interrupted) => Err(Interrupted),
         }
     }
@@ -175,9 +186,12 @@ impl Outbox {
             let described = metadata.topics().iter().find(|t| t.name() == topic);
             // A replies topic that is not there (yet) is the deployment's fault, not the
             // message's: waited out like an outage rather than dead-lettering every message.
-            match described.and_then(|t| t.error().map(|e| (t, e))) {
-                Some((_, error)) => Err(KafkaError::MetadataFetch(error.into())),
-                None => Ok(i32::try_from(described.map_or(0, |t| t.partitions().len())).unwrap_or(i32::MAX)),
+            match described {
+                None => Err(KafkaError::MetadataFetch(rdkafka::types::RDKafkaErrorCode::UnknownTopic)),
+                Some(described) => match described.error() {
+                    Some(error) => Err(KafkaError::MetadataFetch(error.into())),
+                    None => Ok(i32::try_from(described.partitions().len()).unwrap_or(i32::MAX)),
+                },
             }
         });
         counted.await.unwrap_or(Err(KafkaError::Canceled))

@@ -7,7 +7,7 @@ use crate::apply::{fail_request, record};
 use crate::consume::{Consumer, Request};
 use crate::expiry;
 use crate::metrics::Metrics;
-use crate::outbox::{DeadLetter, Outbox};
+use crate::outbox::{DeadLetter, Outbox, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy};
 use crate::schedule::{Queued, Scheduler};
 use intake_common::message::{ChunkOutcome, RequestPart, WriteRequest};
@@ -82,8 +82,8 @@ impl Reader {
             self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
             return Ok(());
         }
-        if let Err(error) = self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
-            self.unanswerable(&message, &request, error, shutdown).await?;
+        if let Err(unanswerable) = self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
+            self.unanswerable(&message, &request, unanswerable, shutdown).await?;
             self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
             return Ok(());
         }
@@ -103,9 +103,10 @@ impl Reader {
         &self,
         message: &OwnedMessage,
         request: &intake_common::message::WriteRequestV1,
-        error: String,
+        unanswerable: Unanswerable,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<(), Interrupted> {
+        let Unanswerable { reason: error, attempts } = unanswerable;
         tracing::error!(
             %error,
             reply_partition = request.reply_partition,
@@ -116,7 +117,7 @@ impl Reader {
         record(&self.metrics, message, request, "failed", &ChunkOutcome::Failed);
         let part = request.request.as_ref();
         fail_request(&self.pool, self.policy, &self.metrics, &request.workspace_id, part, shutdown).await?;
-        let letter = DeadLetter { reason: "no_reply_partition", error, attempts: self.policy.max_attempts, message };
+        let letter = DeadLetter { reason: "no_reply_partition", error, attempts, message };
         self.outbox.dead_letter(letter, shutdown).await
     }
 

@@ -9,10 +9,11 @@
 
 /// The largest value, in currency units.
 pub(crate) const MAX_VALUE: u64 = 1_000_000_000;
-/// Decimals a JSON number's exact value may have: what PostgreSQL's `numeric` keeps after the
-/// point. SPEC bounds a number by its range only (the string form has a pattern of its own), so
-/// `0.1234567` and a float's `0.30000000000000004` are kept as sent.
-pub(crate) const MAX_NUMBER_DECIMALS: usize = 16_383;
+/// Decimals a JSON number's exact value may have. SPEC bounds a number by its range only (the
+/// string form has a pattern of its own), so `0.1234567` and a float's `0.30000000000000004`
+/// are kept as sent; 1,000 holds every decimal of any float (the smallest has 324) and keeps a
+/// chunk of 100 items far below Kafka's 1 MB message size.
+pub(crate) const MAX_NUMBER_DECIMALS: usize = 1_000;
 /// Past this an exponent is clamped: more than the digits any body can hold, so that no digits
 /// written beside a clamped exponent can bring its value back into range.
 const EXPONENT_CLAMP: i64 = 10_000_000;
@@ -121,6 +122,7 @@ mod tests {
     #[test]
     fn json_numbers_are_kept_exactly() {
         let smallest_float = format!("0.{}5", "0".repeat(323));
+        let thousandth_decimal = format!("0.{}1", "0".repeat(999));
         let digits_then_exponent = format!("1{}e-1000010", "0".repeat(1_000_000));
         let cases = [
             ("0", "0"),
@@ -152,6 +154,7 @@ mod tests {
             ("0.10000000000000001", "0.10000000000000001"),
             ("0.30000000000000004", "0.30000000000000004"),
             ("5e-324", smallest_float.as_str()),
+            ("1e-1000", thousandth_decimal.as_str()),
             // Digits beside an exponent as large as a body can hold are counted, not clamped.
             (digits_then_exponent.as_str(), "0.0000000001"),
             ("999999999.9999999999", "999999999.9999999999"),
@@ -174,7 +177,8 @@ mod tests {
             "1.0000001e9",
             "1e99999999999999999999",
             "1e-99999999999999999999",
-            "1e-16384",
+            "1e-1001",
+            "1.5e-1000",
             "99999999999999999999999999999999",
             "",
             "-",

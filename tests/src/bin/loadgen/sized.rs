@@ -362,6 +362,7 @@ pub async fn scenarios_at(
         name("batch_ingest"),
         closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await,
     ));
+    crate::settle(&preloaded.url).await?;
     crate::say(&format!("single_200rps at {}", label(size)));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let measured = open_loop(
