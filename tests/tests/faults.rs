@@ -113,6 +113,16 @@ struct PrivatePostgres {
 }
 
 impl PrivatePostgres {
+    /// The project's schema, by the operator command.
+    fn migrate(&self) {
+        let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
+            .arg("migrate")
+            .env("DATABASE_URL", self.url())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    }
+
     fn bin(name: &str) -> std::path::PathBuf {
         let mut versions: Vec<_> =
             std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
@@ -196,12 +206,7 @@ async fn a_database_outage_delays_writes_and_loses_none() {
         gateway_args: no_reply_stall(),
         ..Default::default()
     };
-    let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
-        .arg("migrate")
-        .env("DATABASE_URL", postgres.url())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    postgres.migrate();
     let stack = Stack::start_with(options).await;
     let key = stack.workspace();
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
@@ -273,12 +278,7 @@ async fn a_database_outage_delays_writes_and_loses_none() {
 #[tokio::test]
 async fn a_key_keeps_its_last_answer_through_a_database_outage_for_the_stale_time_and_no_longer() {
     let postgres = PrivatePostgres::start_new();
-    let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
-        .arg("migrate")
-        .env("DATABASE_URL", postgres.url())
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    postgres.migrate();
     // A look-up fails after the acquire time (0.2 s), so stale answers are given, and cached
     // for the cache time (1 s), about every 1.2 s: the last one just before the stale time ends
     // must not outlive it.
