@@ -97,6 +97,10 @@ pub struct StackOptions {
     /// stack with a window of a few seconds and waits for it with [`Stack::window_with_at_least`].
     pub rate_limit_window_ms: u64,
     pub redis_url: Option<String>,
+    /// How long a rate-limit check waits for Redis before letting the request through: long,
+    /// so that a loaded machine does not fail checks open and break exact counts; the tests of
+    /// failing open set it short.
+    pub redis_timeout_ms: u64,
     pub start_writer: bool,
     /// A database of the stack's own instead of `DATABASE_URL`.
     pub database_url: Option<String>,
@@ -128,6 +132,7 @@ impl Default for StackOptions {
             conversions_per_minute: 30_000,
             rate_limit_window_ms: 60_000,
             redis_url: None,
+            redis_timeout_ms: 2_000,
             start_writer: true,
             database_url: None,
             kafka_brokers: None,
@@ -278,6 +283,7 @@ impl Stack {
             .args(["--requests-per-minute", &options.requests_per_minute.to_string()])
             .args(["--conversions-per-minute", &options.conversions_per_minute.to_string()])
             .args(["--rate-limit-window-ms", &options.rate_limit_window_ms.to_string()])
+            .args(["--redis-timeout-ms", &options.redis_timeout_ms.to_string()])
             .args(["--reply-partition", &reply_partition.to_string()]);
         if let Some(url) = &options.redis_url {
             command.args(["--redis-url", url]);
