@@ -168,9 +168,9 @@ impl Check for QueryString {
 /// Every authenticated request counts against its key's request limit, also one refused for a
 /// reason that the error order answers before the limit (403 insufficient_scope, 400
 /// query_not_allowed): else a key could send such requests without end. Its own refusal
-/// answers it whatever the count says.
+/// answers it whatever the count says, and the limit's refusal metric does not count it.
 async fn count_refused_request(state: &AppState, principal: &Principal) {
-    let _ = state.limiter.check(&principal.key_id, Counter::Requests, 1).await;
+    let _ = state.limiter.count(&principal.key_id, Counter::Requests, 1).await;
 }
 
 /// One request against its key's request limit; what is not authenticated is not counted, and

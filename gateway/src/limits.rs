@@ -15,6 +15,17 @@ pub trait RateLimit: Send + Sync {
         counter: Counter,
         cost: u64,
     ) -> BoxFuture<'a, Result<Option<Quota>, ApiError>>;
+
+    /// Counts like `check`, for a request that another refusal answers: a refusal here is not
+    /// its answer, so the limit's refusal metric does not count it.
+    fn count<'a>(
+        &'a self,
+        key_id: &'a str,
+        counter: Counter,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Option<Quota>, ApiError>> {
+        self.check(key_id, counter, cost)
+    }
 }
 
 impl RateLimit for RateLimiter {
@@ -26,6 +37,15 @@ impl RateLimit for RateLimiter {
     ) -> BoxFuture<'a, Result<Option<Quota>, ApiError>> {
         // The inherent method, which counts in Redis.
         Box::pin(RateLimiter::check(self, key_id, counter, cost))
+    }
+
+    fn count<'a>(
+        &'a self,
+        key_id: &'a str,
+        counter: Counter,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Option<Quota>, ApiError>> {
+        Box::pin(RateLimiter::count(self, key_id, counter, cost))
     }
 }
 

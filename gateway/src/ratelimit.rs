@@ -166,10 +166,24 @@ impl RateLimiter {
 
     /// Counts `cost` against the key's window. `Ok(None)` when Redis could not answer in time.
     pub async fn check(&self, key_id: &str, counter: Counter, cost: u64) -> Result<Option<Quota>, ApiError> {
+        let answer = self.count(key_id, counter, cost).await;
+        if let Err(ApiError::RateLimited { .. }) = answer {
+            let label = match counter {
+                Counter::Requests => Limit::requests,
+                Counter::Conversions => Limit::conversions,
+            };
+            self.metrics.ratelimit_refused.get_or_create(&LimitLabels { limit: label }).inc();
+        }
+        answer
+    }
+
+    /// Counts `cost` against the key's window like `check`, without counting a refusal in the
+    /// metrics (see [`crate::limits::RateLimit::count`]).
+    pub async fn count(&self, key_id: &str, counter: Counter, cost: u64) -> Result<Option<Quota>, ApiError> {
         let (index, reset_secs) = self.window.at(unix_millis());
-        let (name, limit, label) = match counter {
-            Counter::Requests => ("req", self.requests_per_window, Limit::requests),
-            Counter::Conversions => ("cnv", self.conversions_per_window, Limit::conversions),
+        let (name, limit) = match counter {
+            Counter::Requests => ("req", self.requests_per_window),
+            Counter::Conversions => ("cnv", self.conversions_per_window),
         };
         // The window's length is part of the key: gateways started with different lengths count
         // in windows of their own instead of in each other's counters.
@@ -183,7 +197,6 @@ impl RateLimiter {
             Err(_) => return Ok(self.fail_open("the round trip was dropped")),
         };
         let Some(count) = count else {
-            self.metrics.ratelimit_refused.get_or_create(&LimitLabels { limit: label }).inc();
             return Err(ApiError::RateLimited { retry_after_secs: reset_secs });
         };
         Ok(Some(Quota { limit, remaining: limit.saturating_sub(count), reset_secs }))

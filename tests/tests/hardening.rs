@@ -460,6 +460,9 @@ async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_c
         assert_eq!(stack.get("/v1/workspace", &key).await.status, 200);
     }
     assert_eq!(stack.get("/v1/workspace", &key).await.status, 429, "over the request limit");
+    // Answered by its own refusal, although over the limit: not a refusal of the limit.
+    let query = stack.post("/v1/conversions?debug=1", &key, &conversion("lead")).await;
+    assert_eq!((query.status, query.error_code()), (400, "query_not_allowed"));
     assert!(Instant::now() < window_end, "the requests took longer than the window: lengthen it");
 
     let metrics = stack.metrics().await;
@@ -468,6 +471,7 @@ async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_c
         ("intake_gateway_requests_total{route=\"conversions\",status=\"429\"}", 1.0),
         ("intake_gateway_requests_total{route=\"workspace\",status=\"200\"}", 2.0),
         ("intake_gateway_requests_total{route=\"workspace\",status=\"429\"}", 1.0),
+        ("intake_gateway_requests_total{route=\"conversions\",status=\"400\"}", 1.0),
         ("intake_gateway_request_seconds_count{route=\"conversions\",status=\"201\"}", 3.0),
         ("intake_gateway_kafka_roundtrip_seconds_count", 3.0),
         ("intake_gateway_writes_in_flight", 0.0),
@@ -480,7 +484,7 @@ async fn metrics_count_requests_latency_kafka_round_trips_refusals_and_the_key_c
     }
     let lookups = metrics.value("intake_gateway_key_cache_total{result=\"hit\"}")
         + metrics.value("intake_gateway_key_cache_total{result=\"miss\"}");
-    assert_eq!(lookups, 7.0, "one key lookup per authenticated request");
+    assert_eq!(lookups, 8.0, "one key lookup per authenticated request");
     assert!(metrics.value("intake_gateway_key_cache_total{result=\"miss\"}") >= 1.0);
     assert!(metrics.value("intake_gateway_kafka_roundtrip_seconds_sum") > 0.0);
     for name in ["intake_gateway_load_shed", "intake_gateway_redis_fail_open", "intake_gateway_writes_in_flight"] {
