@@ -13,6 +13,7 @@ mod limits;
 mod metrics;
 mod openapi;
 mod overload;
+mod parse_errors;
 mod ratelimit;
 mod ready;
 mod request_body;
@@ -73,7 +74,7 @@ struct Config {
     key_cache_capacity: u64,
     /// While PostgreSQL cannot be reached, how long a key keeps the last answer the database
     /// gave for it, counted from that answer (a database outage then delays writes instead of
-    /// refusing every key); at most 10 minutes.
+    /// refusing every key); at most 10 minutes, and longer than the cache's time; 0 for none.
     #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     auth_stale_ttl_ms: u64,
     /// How long a request waits for a database connection (a key look-up); past it the look-up
@@ -178,6 +179,24 @@ struct Config {
     log: LogArgs,
 }
 
+impl Config {
+    /// The rules between flags that clap cannot state.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.keep_alive_timeout_ms > self.header_read_timeout_ms {
+            anyhow::bail!("--keep-alive-timeout-ms must not exceed --header-read-timeout-ms");
+        }
+        // A last answer is kept for the stale time less the cache's time (auth.rs), so a stale
+        // time no longer than the cache's would keep none, silently.
+        if self.auth_stale_ttl_ms != 0 && self.auth_stale_ttl_ms <= self.auth_cache_ttl_ms {
+            anyhow::bail!(
+                "--auth-stale-ttl-ms must be 0 (no stale answers) or longer than --auth-cache-ttl-ms ({} ms)",
+                self.auth_cache_ttl_ms
+            );
+        }
+        Ok(())
+    }
+}
+
 const fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
 }
@@ -188,9 +207,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     let _log = init_logging(&config.log);
     log_panics_without_their_message();
-    if config.keep_alive_timeout_ms > config.header_read_timeout_ms {
-        anyhow::bail!("--keep-alive-timeout-ms must not exceed --header-read-timeout-ms");
-    }
+    config.check()?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(config.database.pool_size)
         .acquire_timeout(ms(config.database_acquire_timeout_ms))
@@ -325,5 +342,16 @@ mod tests {
         assert!(parse(&["--auth-cache-ttl-ms", "5001"]).is_err(), "a revocation is seen within 5 s");
         assert!(parse(&["--auth-stale-ttl-ms", "600001"]).is_err(), "a stale answer lives 10 minutes at most");
         assert!(parse(&["--auth-stale-ttl-ms", "600000"]).is_ok());
+    }
+
+    #[test]
+    fn a_stale_time_that_would_keep_no_answer_is_refused() {
+        let checked =
+            |args: &[&str]| parse(args).map_err(|e| e.to_string()).and_then(|c| c.check().map_err(|e| e.to_string()));
+        let refused = checked(&["--auth-stale-ttl-ms", "2000", "--auth-cache-ttl-ms", "2000"]);
+        assert!(refused.is_err_and(|e| e.contains("--auth-stale-ttl-ms")));
+        assert!(checked(&["--auth-stale-ttl-ms", "2001", "--auth-cache-ttl-ms", "2000"]).is_ok());
+        assert!(checked(&["--auth-stale-ttl-ms", "0"]).is_ok(), "0 turns stale answers off");
+        assert!(checked(&["--keep-alive-timeout-ms", "30001", "--header-read-timeout-ms", "30000"]).is_err());
     }
 }
