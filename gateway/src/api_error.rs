@@ -44,11 +44,7 @@ impl ApiError {
         if let ApiError::Internal(reason) = &self {
             tracing::error!(request_id, %reason, "internal error");
         }
-        #[derive(Serialize)]
-        struct Body<'a> {
-            error: ErrorBody<'a>,
-        }
-        let mut response = json(code.status(), &Body { error: self.body(Some(request_id)) });
+        let mut response = json(code.status(), &Document { error: self.body(Some(request_id)) });
         let headers = response.headers_mut();
         let www_authenticate = match &self {
             ApiError::Code(ErrorCode::MissingApiKey) => Some(format!("Bearer realm=\"{REALM}\"")),
@@ -70,6 +66,12 @@ impl ApiError {
     }
 }
 
+/// The body of an error response.
+#[derive(Serialize)]
+struct Document<'a> {
+    error: ErrorBody<'a>,
+}
+
 /// An error as the body says it: at the top of a response with the request's id, or in one item
 /// of a batch without.
 #[derive(Serialize)]
@@ -83,6 +85,11 @@ pub struct ErrorBody<'a> {
 }
 
 impl ApiError {
+    /// The body of the error's response, for a response written without `into_response`.
+    pub fn document(&self, request_id: &str) -> Vec<u8> {
+        serde_json::to_vec(&Document { error: self.body(Some(request_id)) }).unwrap_or_default()
+    }
+
     pub fn body<'a>(&'a self, request_id: Option<&'a str>) -> ErrorBody<'a> {
         let code = self.code();
         let details = match self {

@@ -29,6 +29,7 @@
 //! - On shutdown the listener closes, idle connections close, and busy ones finish their
 //!   request (answered with `Connection: close`, or GOAWAY), for at most the grace period.
 
+use crate::parse_errors::ShapedParseErrors;
 use crate::request_body::RequestBody;
 use bytes::{Buf, Bytes};
 use hyper::body::Incoming;
@@ -286,9 +287,9 @@ impl<S: ApiService> Connection<S> {
         let give_up = tokio::time::sleep(NEVER);
         tokio::pin!(give_up);
         let give_up_after = self.settings.keep_alive_timeout;
-        let io = TokioIo::new(io);
         match protocol {
             Protocol::Http1 => {
+                let io = TokioIo::new(ShapedParseErrors::new(io));
                 let mut connection = self.protocols.http1.serve_connection(io, service);
                 let mut closing = false;
                 let done = loop {
@@ -313,7 +314,7 @@ impl<S: ApiService> Connection<S> {
                 }
             }
             Protocol::Http2 => {
-                let connection = self.protocols.http2.serve_connection(io, service);
+                let connection = self.protocols.http2.serve_connection(TokioIo::new(io), service);
                 tokio::pin!(connection);
                 let mut closing = false;
                 let done = loop {

@@ -25,6 +25,13 @@ pub enum ErrorCode {
     /// Additive (docs/api.md, "Versioning"): the gateway is overloaded and refuses the request before
     /// reading its body (docs/architecture.md, "Admission"); retry after Retry-After seconds.
     ServiceUnavailable,
+    /// Additive (docs/api.md, "Versioning"): the HTTP parser refused the request's head: a
+    /// malformed request line or header, or a broken Content-Length or Transfer-Encoding.
+    MalformedRequest,
+    /// Additive: the request's URI is over 64 KiB.
+    UriTooLong,
+    /// Additive: the request's head is over its size limit, or has more than 100 headers.
+    HeadersTooLarge,
 }
 
 impl ErrorCode {
@@ -46,12 +53,15 @@ impl ErrorCode {
             ErrorCode::InternalError => "internal_error",
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::ServiceUnavailable => "service_unavailable",
+            ErrorCode::MalformedRequest => "malformed_request",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
         }
     }
 
     pub fn status(self) -> u16 {
         match self {
-            ErrorCode::InvalidJson | ErrorCode::QueryNotAllowed => 400,
+            ErrorCode::InvalidJson | ErrorCode::QueryNotAllowed | ErrorCode::MalformedRequest => 400,
             ErrorCode::MissingApiKey | ErrorCode::InvalidApiKey => 401,
             ErrorCode::WorkspaceSuspended | ErrorCode::InsufficientScope => 403,
             ErrorCode::WorkspaceNotFound | ErrorCode::NotFound => 404,
@@ -60,6 +70,8 @@ impl ErrorCode {
             ErrorCode::ValidationFailed | ErrorCode::OccurredAtOutOfRange => 422,
             ErrorCode::RateLimited => 429,
             ErrorCode::RequestTimeout => 408,
+            ErrorCode::UriTooLong => 414,
+            ErrorCode::HeadersTooLarge => 431,
             ErrorCode::InternalError => 500,
             ErrorCode::ServiceUnavailable => 503,
         }
@@ -90,6 +102,11 @@ impl ErrorCode {
             ErrorCode::ServiceUnavailable => {
                 "The service is overloaded and did not read the request; retry after Retry-After seconds."
             }
+            ErrorCode::MalformedRequest => {
+                "The request is not well-formed HTTP/1.1 (request line, a header, Content-Length or Transfer-Encoding)."
+            }
+            ErrorCode::UriTooLong => "The request's URI is over 64 KiB.",
+            ErrorCode::HeadersTooLarge => "The request's headers are too large or too many (at most 100).",
         }
     }
 }

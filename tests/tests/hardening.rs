@@ -54,6 +54,49 @@ async fn a_panic_in_a_request_is_a_500_with_its_request_id_and_the_connection_li
 }
 
 #[tokio::test]
+async fn a_head_the_http_parser_refuses_gets_the_error_document_and_a_closed_connection() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let many_headers: String = (0..120).map(|i| format!("X-Extra-{i}: 1\r\n")).collect();
+    let cases = [
+        (
+            format!(
+                "POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nAuthorization: {}\r\nContent-Length: ten\r\n\r\n",
+                key.bearer()
+            ),
+            400,
+            "malformed_request",
+        ),
+        (
+            "POST /v1/conversions HTTP/1.1\r\nHost: intake\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
+                .to_owned(),
+            400,
+            "malformed_request",
+        ),
+        ("NOT HTTP AT ALL\r\n\r\n".to_owned(), 400, "malformed_request"),
+        (format!("GET /v1/{} HTTP/1.1\r\nHost: intake\r\n\r\n", "a".repeat(70_000)), 414, "uri_too_long"),
+        (format!("GET /v1/workspace HTTP/1.1\r\nHost: intake\r\n{many_headers}\r\n"), 431, "headers_too_large"),
+    ];
+    for (request, status, code) in cases {
+        let mut connection = Raw::connect(&stack).await;
+        connection.send(request.as_bytes()).await;
+        let reply = connection.response().await.unwrap_or_else(|| panic!("no response to {}", &request[..40]));
+        assert_eq!((reply.status, reply.error_code()), (status, code), "{reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+        assert_eq!(reply.header("connection"), Some("close"));
+        assert!(connection.closed_after(Duration::from_secs(5)).await.is_some(), "closed after the {status}");
+    }
+    // A 400 of the service's own passes as it is, on a connection that stays open.
+    let mut own = Raw::connect(&stack).await;
+    own.send(&[write_head("/v1/conversions", &key.bearer(), 9), b"{not json".to_vec()].concat()).await;
+    let reply = own.response().await.unwrap_or_else(|| panic!("no response to invalid JSON"));
+    assert_eq!((reply.status, reply.error_code()), (400, "invalid_json"), "{reply:?}");
+    assert_eq!(reply.header("connection"), None);
+    own.send(&get("/v1/openapi.json")).await;
+    assert_eq!(own.response().await.map(|next| next.status), Some(200), "the connection serves on");
+}
+
+#[tokio::test]
 async fn slow_heads_missing_bodies_and_idle_connections_are_cut_off() {
     let stack = Stack::start_with(StackOptions {
         gateway_args: args(&[
