@@ -109,6 +109,7 @@ async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inne
     let mut response = outcome.unwrap_or_else(|error| {
         error.into_response(&context.id).map(|body| body.map_err(|never| match never {}).boxed_unsync())
     });
+    // Every response carries it: parse_errors.rs tells hyper's own error heads by its absence.
     if let Ok(value) = http::HeaderValue::from_str(&context.id) {
         response.headers_mut().insert(X_REQUEST_ID, value);
     }

@@ -6,7 +6,8 @@
 //! for that answer, so this wrapper of an HTTP/1 connection recognises the head as hyper writes
 //! it and sends the whole error response in its place. The connection then closes, as hyper
 //! decided. Every response of the API has a body and an X-Request-ID, so none is mistaken for
-//! hyper's.
+//! hyper's. The ops port is served by the same server, so its malformed heads get the same
+//! answer.
 
 use crate::api_error::ApiError;
 use bytes::{Buf, Bytes};
@@ -45,7 +46,8 @@ fn replacement_for(head: &[u8]) -> Option<Bytes> {
     let lines = text.strip_suffix("\r\n\r\n")?;
     let mut lines = lines.split("\r\n");
     let status_line = lines.next()?;
-    let code = code_of(status_line.strip_prefix("HTTP/1.1 ")?.as_bytes().get(..3)?)?;
+    let status = status_line.strip_prefix("HTTP/1.1 ").or_else(|| status_line.strip_prefix("HTTP/1.0 "))?;
+    let code = code_of(status.as_bytes().get(..3)?)?;
     let rest: Vec<&str> = lines.collect();
     let bare = rest.iter().any(|line| line.eq_ignore_ascii_case("content-length: 0"))
         && !rest.iter().any(|line| line.to_ascii_lowercase().starts_with("x-request-id:"));
@@ -86,7 +88,11 @@ impl<I: AsyncWrite + Unpin> ShapedParseErrors<I> {
         ready!(self.poll_replacement(cx))?;
         // hyper writes its own head alone, in one piece: the first slice, all of the write.
         let total: usize = bufs.iter().map(|buf| buf.len()).sum();
-        if let Some(first) = bufs.first().filter(|first| first.len() == total && first.starts_with(b"HTTP/1.1 4")) {
+        // (HTTP/1.0 after a keep-alive request of that version.)
+        let suspect = |first: &&IoSlice<'_>| {
+            first.len() == total && (first.starts_with(b"HTTP/1.1 4") || first.starts_with(b"HTTP/1.0 4"))
+        };
+        if let Some(first) = bufs.first().filter(suspect) {
             if let Some(replacement) = replacement_for(first) {
                 self.replacement = replacement;
                 // Taken whole: the rest goes out on the next write, flush or shutdown.
@@ -169,6 +175,14 @@ mod tests {
         assert_eq!(document["error"]["code"], "headers_too_large");
         let request_id = document["error"]["request_id"].as_str().unwrap_or_default();
         assert!(request_id.starts_with("req_") && head.contains(&format!("\r\nx-request-id: {request_id}")), "{head}");
+    }
+
+    #[tokio::test]
+    async fn an_http_1_0_head_keeps_its_version() {
+        let hyper = b"HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        let received = through_the_wrapper(hyper).await;
+        assert!(received.starts_with("HTTP/1.0 400 Bad Request\r\n"), "{received}");
+        assert!(received.contains("\"code\":\"malformed_request\""), "{received}");
     }
 
     #[tokio::test]

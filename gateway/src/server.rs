@@ -408,7 +408,9 @@ async fn idle_for(mut activity: watch::Receiver<Activity>, keep_alive: Duration,
 /// once with unread data would send a TCP reset that can destroy the response in the client's
 /// receive buffer before it is read.
 async fn linger_close<I: AsyncRead + AsyncWrite + Unpin>(mut stream: I) {
-    if stream.shutdown().await.is_err() {
+    // Bounded: the shutdown first writes what is still buffered (parse_errors.rs), which a
+    // client that stopped reading would hold up for good.
+    if !matches!(tokio::time::timeout(LINGER, stream.shutdown()).await, Ok(Ok(()))) {
         return;
     }
     let mut buffer = vec![0u8; 16 * 1024];
