@@ -344,7 +344,6 @@ fn post(path: &'static str, key: &TestKey, body: bytes::Bytes) -> Planned {
     Planned { method: http::Method::POST, path, authorization: Some(key.bearer()), body: Some(body) }
 }
 
-/// The consumer group's first join, connections, caches, and the first pages of the tables.
 /// Has PostgreSQL finish what the scenario before left to do: the vacuum that its inserts call
 /// for, and the write-back of its dirty pages. A throughput run adds hundreds of thousands of
 /// rows and writes gigabytes of WAL; autovacuum and the checkpoint they trigger would otherwise
@@ -357,9 +356,32 @@ async fn settle(database_url: &str) -> anyhow::Result<()> {
     sqlx::raw_sql("VACUUM (ANALYZE)").execute(&mut conn).await?;
     sqlx::raw_sql("CHECKPOINT").execute(&mut conn).await?;
     conn.close().await?;
+    // The same for the OS: the broker's log is written without fsync, so what a throughput run
+    // sent through Kafka sits dirty in the page cache, and the kernel writes it back about 30 s
+    // later, in the next scenario, where every commit's WAL fsync queues behind it.
+    let dirty = dirty_mib();
+    let started = std::time::Instant::now();
+    let synced = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await?;
+    say(&format!(
+        "settled: VACUUM (ANALYZE), CHECKPOINT, and {dirty} MiB of dirty pages written out in {:.1} s{}",
+        started.elapsed().as_secs_f64(),
+        if synced.is_ok_and(|status| status.success()) { "" } else { " (sync failed)" }
+    ));
     Ok(())
 }
 
+/// The page cache's dirty data, from /proc/meminfo (0 where there is none).
+fn dirty_mib() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("Dirty:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    kib / 1024
+}
+
+/// The consumer group's first join, connections, caches, and the first pages of the tables.
 async fn warm_up(stack: &Stack, plans: &Plans, seconds: u64) {
     let half = Duration::from_secs(seconds.div_ceil(2));
     let sent = Arc::new(Mutex::new(Vec::new()));
