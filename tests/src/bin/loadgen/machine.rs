@@ -220,6 +220,18 @@ impl Roles {
     }
 }
 
+/// The mean of each role's cores over turns of equal length.
+pub fn mean_cores(turns: &[Value]) -> Value {
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    for turn in turns {
+        for (role, cores) in turn.as_object().into_iter().flatten() {
+            *sums.entry(role.clone()).or_default() += cores.as_f64().unwrap_or(0.0);
+        }
+    }
+    let n = turns.len().max(1) as f64;
+    Value::Object(sums.into_iter().map(|(role, sum)| (role, json!(round2(sum / n)))).collect())
+}
+
 impl CpuSnapshot {
     /// Cores used per role between `self` and `later`, with the machine's busy cores and what
     /// none of the roles accounts for (other work on the machine, the kernel's softirqs).
@@ -245,4 +257,15 @@ impl CpuSnapshot {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cores_of_turns_are_averaged_per_role() {
+        let mean = mean_cores(&[json!({"writer": 1.0, "postgresql": 0.5}), json!({"writer": 0.5, "postgresql": 1.5})]);
+        assert_eq!(mean, json!({"postgresql": 1.0, "writer": 0.75}));
+    }
 }

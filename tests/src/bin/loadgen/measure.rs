@@ -113,6 +113,13 @@ pub enum Counted {
 }
 
 impl Measured {
+    /// This scenario and a later turn of it, as one: every request of both, over both times.
+    pub fn followed_by(mut self, turn: Measured) -> Measured {
+        self.recorder.merge(turn.recorder);
+        self.elapsed += turn.elapsed;
+        self
+    }
+
     pub fn rate(&self, counted: Counted) -> f64 {
         let count = match counted {
             Counted::Items => self.recorder.items,
@@ -297,6 +304,20 @@ mod tests {
     fn a_status_is_right_only_when_it_is_the_expected_one() {
         assert_eq!(Expect::Status(401, 0).judge(&answer(401, "{}")), Ok(0));
         assert!(Expect::Status(201, 1).judge(&answer(200, "{}")).is_err());
+    }
+
+    #[test]
+    fn turns_of_a_scenario_add_up_to_one_measurement() {
+        let turn = |items: u64, ms: u64| {
+            let mut recorder = Recorder::new();
+            recorder.record(Duration::from_millis(ms), Ok(items));
+            Measured { recorder, elapsed: Duration::from_secs(10), concurrency: String::new() }
+        };
+        let both = turn(300, 10).followed_by(turn(100, 500));
+        assert_eq!(both.rate(Counted::Items), 20.0);
+        assert_eq!(both.recorder.requests, 2);
+        let max = both.to_json(Counted::Items)["max_ms"].as_f64().unwrap_or(0.0);
+        assert!((max - 500.0).abs() < 1.0, "{max}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The runs at size: a database of their own preloaded to each of the sizes asked for
 //! (INTAKE_BENCH_SIZES, stored conversions, in increasing order: the data grows in place), then
-//! at each size `batch_ingest`, `single_200rps`, `direct_apply` and `pg_upsert` on it, and the
+//! at each size `batch_ingest` and `pg_upsert` in turns, `single_200rps` and `direct_apply` on it, and the
 //! erasure of one person in the largest workspace with the write latency of that workspace
 //! meanwhile.
 //!
@@ -16,8 +16,8 @@
 
 use crate::baselines;
 use crate::machine::Roles;
-use crate::measure::{closed_loop, open_loop, round1, round2, Counted};
-use crate::{closed, start_stack_on, Plans, Scenario};
+use crate::measure::{closed_loop, open_loop, round1, round2, Counted, Measured};
+use crate::{start_stack_on, Plans, Scenario};
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{Stack, TestKey};
 use sqlx::postgres::PgPoolOptions;
@@ -352,16 +352,10 @@ pub async fn scenarios_at(
     let plans = Plans { keys: Arc::new(preloaded.keys.clone()) };
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;
     let mut scenarios = Vec::new();
-    crate::say(&format!("batch_ingest at {}", label(size)));
-    let plan = plans.batch_ingest(
-        config.batch_clients,
-        Arc::new(crate::bodies::Generator::new("sized")),
-        Arc::new(Mutex::new(Vec::new())),
-    );
-    scenarios.push((
-        name("batch_ingest"),
-        closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await,
-    ));
+    crate::say(&format!("batch_ingest and pg_upsert at {}, in turns", label(size)));
+    let (ingest, upsert) = ingest_and_upsert_in_turns(config, &stack, &roles, &plans, &preloaded.url).await?;
+    scenarios.push((name("batch_ingest"), ingest));
+    scenarios.push((name("pg_upsert"), upsert));
     crate::settle(&preloaded.url).await?;
     crate::say(&format!("single_200rps at {}", label(size)));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
@@ -388,12 +382,66 @@ pub async fn scenarios_at(
     )
     .await?;
     scenarios.push((name("direct_apply"), Scenario { measured, counted: Counted::Items, cores, writer: None }));
-    crate::say(&format!("pg_upsert at {}, into the preloaded conversions", label(size)));
-    let (measured, cores) =
-        baselines::pg_upsert_into_preloaded(&preloaded.url, &roles, duration, config.pg_clients, &config.out_dir)
-            .await?;
-    scenarios.push((name("pg_upsert"), Scenario { measured, counted: Counted::Items, cores, writer: None }));
     crate::say(&format!("erase at {}: one person in the largest workspace", label(size)));
     let erase = erase_in_largest(&stack, preloaded).await?;
     Ok((scenarios, erase))
+}
+
+/// `batch_ingest` and its ceiling `pg_upsert` (into the preloaded conversions), measured in
+/// alternating turns that add up to the scenario's time each, so that their ratio compares the
+/// same stretch of the run: on a shared machine, and with the tables growing and checkpoints
+/// falling where they will, two 30-second runs one after the other differ by a fifth.
+async fn ingest_and_upsert_in_turns(
+    config: &crate::Config,
+    stack: &Stack,
+    roles: &Roles,
+    plans: &Plans,
+    database_url: &str,
+) -> anyhow::Result<(Scenario, Scenario)> {
+    let turns = if config.seconds >= 15 { 3 } else { 1 };
+    let turn = Duration::from_secs(config.seconds / turns);
+    let plan = plans.batch_ingest(
+        config.batch_clients,
+        Arc::new(crate::bodies::Generator::new("sized")),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let before = crate::stages::read(stack).await;
+    let (mut ingest, mut upsert): (Option<Measured>, Option<Measured>) = (None, None);
+    let (mut ingest_cores, mut upsert_cores) = (Vec::new(), Vec::new());
+    for _ in 0..turns {
+        let cores = tokio::spawn(roles.clone().cores_during(turn));
+        let measured = closed_loop(&crate::targets(stack), config.batch_clients, turn, plan.clone()).await;
+        ingest_cores.push(cores.await.unwrap_or_default());
+        ingest = Some(match ingest {
+            Some(so_far) => so_far.followed_by(measured),
+            None => measured,
+        });
+        let (measured, cores) =
+            baselines::pg_upsert_into_preloaded(database_url, roles, turn, config.pg_clients, &config.out_dir).await?;
+        upsert_cores.push(cores);
+        upsert = Some(match upsert {
+            Some(so_far) => so_far.followed_by(measured),
+            None => measured,
+        });
+    }
+    let (Some(mut ingest), Some(mut upsert)) = (ingest, upsert) else { anyhow::bail!("no turn was run") };
+    let writer =
+        crate::stages::between(&before, &crate::stages::read(stack).await, ingest.elapsed, stack.writer_ops_urls.len());
+    for measured in [&mut ingest, &mut upsert] {
+        measured.concurrency = format!("{}, in {turns} turns of {} s", measured.concurrency, turn.as_secs());
+    }
+    Ok((
+        Scenario {
+            measured: ingest,
+            counted: Counted::Items,
+            cores: crate::machine::mean_cores(&ingest_cores),
+            writer: Some(writer),
+        },
+        Scenario {
+            measured: upsert,
+            counted: Counted::Items,
+            cores: crate::machine::mean_cores(&upsert_cores),
+            writer: None,
+        },
+    ))
 }
