@@ -441,15 +441,29 @@ impl Checker {
     }
 }
 
-/// ISO 8601 date-time with a zone (`Z` or an offset), as UTC epoch milliseconds. The ISO parser
-/// takes offsets up to ±25:59; a zone is at most 23:59 from UTC.
+/// ISO 8601 date-time with a zone (`Z` or a `±hh:mm` offset), as UTC epoch milliseconds. The
+/// ISO parser also takes the offsets `±hh` and `±hhmm`, which the contract does not, and offsets
+/// up to ±25:59; a zone is at most 23:59 from UTC.
 fn parse_date_time(text: &str) -> Option<i64> {
+    if !ends_with_zone(text) {
+        return None;
+    }
     let parsed =
         OffsetDateTime::parse(text, &Rfc3339).or_else(|_| OffsetDateTime::parse(text, &Iso8601::DEFAULT)).ok()?;
     if parsed.offset().whole_hours().unsigned_abs() > 23 {
         return None;
     }
     i64::try_from(parsed.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
+}
+
+/// Ends in `Z` (either case, as RFC 3339 allows) or in `+hh:mm` / `-hh:mm`.
+fn ends_with_zone(text: &str) -> bool {
+    let b = text.as_bytes();
+    match b {
+        [.., b'Z' | b'z'] => true,
+        [.., b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()),
+        _ => false,
+    }
 }
 
 mod decimal;

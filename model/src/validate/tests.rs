@@ -165,6 +165,9 @@ fn occurred_at_malformed() {
             json!("2026-13-01T00:00:00Z"),
             json!("2026-01-02T03:04:05+24:00"), // no zone is a day from UTC
             json!("2026-01-02T03:04:05-25:00"),
+            json!("2026-01-02T03:04:05+01"),   // an offset is ±hh:mm
+            json!("2026-01-02T03:04:05+0100"), // likewise
+            json!("2026-01-02T03:04:05-0500"),
             json!("yesterday"),
             json!("176732304500"),          // 12 digits
             json!("17673230450000"),        // 14 digits
