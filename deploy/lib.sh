@@ -221,7 +221,10 @@ LOG4J
     [ -f "$LOGS/$name.log" ] && log_lines="$(wc -l <"$LOGS/$name.log")"
     say "starting Kafka $KAFKA_VERSION node $name on 127.0.0.1:$port"
     # shellcheck disable=SC2086
+    # The GC log (each pause, with the time of day) tells whether a stall of the whole write
+    # path was the broker's collector.
     start_process "$name" java $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        "-Xlog:gc:file=$LOGS/$name-gc.log:time,uptime:filecount=2,filesize=10m" \
         -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
     pid="$(cat "$RUN/$name.pid")"
