@@ -40,6 +40,24 @@ fn describe(name: &str, config: &Config) -> String {
         "workspace_read" => "GET /v1/workspace".into(),
         "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
+        sized => describe_sized(sized, config),
+    }
+}
+
+/// The runs at size (`batch_ingest_10m`, ...): their scenario at that size.
+fn describe_sized(name: &str, config: &Config) -> String {
+    let Some((scenario, size)) = name.rsplit_once('_') else { return String::new() };
+    let at = format!("on the database preloaded to {size} stored conversions");
+    match scenario {
+        "pg_upsert" => format!(
+            "baseline: pgbench, INSERT … ON CONFLICT of generated rows into the preloaded `conversions` itself, on {} workspaces of its own, {at}",
+            crate::sized::UPSERT_WORKSPACES
+        ),
+        "batch_ingest" => format!(
+            "POST /v1/conversions/batch, 500 new conversions a batch, {at}: to its {} workspaces in proportion to their size, the largest included",
+            crate::sized::WORKSPACES
+        ),
+        "single_200rps" | "direct_apply" => format!("{}; {at}", describe(scenario, config)),
         _ => String::new(),
     }
 }
@@ -573,4 +591,20 @@ fn short(function: &str) -> String {
 /// The writers' `--apply-lanes` (the load generator starts them with the environment it has).
 pub fn writer_lanes() -> usize {
     std::env::var("INTAKE_WRITER_APPLY_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_at_size_is_described_with_its_size() {
+        let config = Config::from_env();
+        for name in ["batch_ingest_10m", "single_200rps_1m", "direct_apply_50k", "pg_upsert_10m"] {
+            let size = name.rsplit_once('_').map(|(_, size)| size).unwrap_or_default();
+            let text = describe(name, &config);
+            assert!(text.contains(&format!("preloaded to {size} stored conversions")), "{name}: {text}");
+        }
+        assert_eq!(describe("no_such_scenario", &config), "");
+    }
 }
