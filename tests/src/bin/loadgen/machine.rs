@@ -13,7 +13,7 @@ pub async fn describe(quiet_check: std::time::Duration) -> Value {
     tokio::time::sleep(quiet_check).await;
     let after = machine_ticks();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let busy_before = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64 * cores as f64;
+    let busy_before = (after.busy - before.busy) as f64 / (after.total - before.total).max(1) as f64 * cores as f64;
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -135,14 +135,23 @@ fn cpu_ticks_and_parent(pid: u32) -> Option<(u64, u32)> {
     Some((ticks, parent))
 }
 
-/// Busy and total ticks of the whole machine (/proc/stat).
-fn machine_ticks() -> (u64, u64) {
+/// Ticks of the whole machine (/proc/stat), all CPUs together.
+#[derive(Clone, Copy)]
+struct MachineTicks {
+    busy: u64,
+    total: u64,
+    /// Of `busy`: the time a virtual machine's CPUs were runnable but the host ran something
+    /// else (steal), which no process here accounts for.
+    stolen: u64,
+}
+
+fn machine_ticks() -> MachineTicks {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let values: Vec<u64> =
         stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let at = |i: usize| values.get(i).copied().unwrap_or(0);
     let total: u64 = values.iter().take(8).sum();
-    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+    MachineTicks { busy: total - at(3) - at(4), total, stolen: at(7) }
 }
 
 /// The processes whose CPU is accounted, by role.
@@ -158,7 +167,7 @@ pub struct Roles {
 pub struct CpuSnapshot {
     at: Instant,
     by_role: BTreeMap<&'static str, u64>,
-    machine: (u64, u64),
+    machine: MachineTicks,
 }
 
 const TICKS_PER_SECOND: f64 = 100.0;
@@ -246,11 +255,14 @@ impl CpuSnapshot {
             accounted += used;
             cores.insert((*role).to_owned(), json!(round2(used)));
         }
-        let (busy, total) = (later.machine.0 - self.machine.0, later.machine.1 - self.machine.1);
+        let (busy, total) = (later.machine.busy - self.machine.busy, later.machine.total - self.machine.total);
+        let stolen = later.machine.stolen - self.machine.stolen;
         let machine_cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
-        let machine_busy = if total == 0 { 0.0 } else { busy as f64 / total as f64 * machine_cores };
+        let share = |ticks: u64| if total == 0 { 0.0 } else { ticks as f64 / total as f64 * machine_cores };
+        let (machine_busy, stolen) = (share(busy), share(stolen));
         cores.insert("machine busy".into(), json!(round2(machine_busy)));
-        cores.insert("other processes".into(), json!(round2((machine_busy - accounted).max(0.0))));
+        cores.insert("stolen by the host".into(), json!(round2(stolen)));
+        cores.insert("other processes".into(), json!(round2((machine_busy - stolen - accounted).max(0.0))));
         Value::Object(cores)
     }
 }

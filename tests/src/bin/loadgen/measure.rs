@@ -66,13 +66,24 @@ pub struct Recorder {
     pub errors: u64,
     /// The first wrong answer, for the report (a benchmark with errors must say which).
     pub first_error: Option<String>,
+    /// When the slowest request recorded by [`Recorder::record_now`] started (or was due), so
+    /// that a stall can be laid against the logs of the other processes.
+    pub slowest_started: Option<std::time::SystemTime>,
 }
 
 impl Recorder {
     pub fn new() -> Recorder {
         // Up to 10 minutes at 3 significant digits.
         let latency = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap_or_else(|e| panic!("histogram: {e}"));
-        Recorder { latency, requests: 0, items: 0, errors: 0, first_error: None }
+        Recorder { latency, requests: 0, items: 0, errors: 0, first_error: None, slowest_started: None }
+    }
+
+    /// [`Recorder::record`] of a request that has just ended, keeping when the slowest started.
+    pub fn record_now(&mut self, took: Duration, outcome: Result<u64, String>) {
+        if self.requests == 0 || u64::try_from(took.as_micros()).unwrap_or(u64::MAX) >= self.latency.max() {
+            self.slowest_started = std::time::SystemTime::now().checked_sub(took);
+        }
+        self.record(took, outcome);
     }
 
     pub fn record(&mut self, took: Duration, outcome: Result<u64, String>) {
@@ -88,6 +99,9 @@ impl Recorder {
     }
 
     pub fn merge(&mut self, other: Recorder) {
+        if other.requests > 0 && (self.requests == 0 || other.latency.max() > self.latency.max()) {
+            self.slowest_started = other.slowest_started;
+        }
         let _ = self.latency.add(&other.latency);
         self.requests += other.requests;
         self.items += other.items;
@@ -178,7 +192,7 @@ pub async fn closed_loop(targets: &[String], clients: usize, duration: Duration,
                         Ok(answer) => expect.judge(&answer),
                         Err(error) => Err(format!("transport: {error}")),
                     };
-                    recorder.record(sent.elapsed(), outcome);
+                    recorder.record_now(sent.elapsed(), outcome);
                 }
                 recorder
             })
@@ -258,7 +272,7 @@ pub async fn open_loop_observed(
             };
             let took = due.elapsed();
             idle[target].lock().unwrap_or_else(|p| p.into_inner()).push(connection);
-            recorder.lock().unwrap_or_else(|p| p.into_inner()).record(took, outcome);
+            recorder.lock().unwrap_or_else(|p| p.into_inner()).record_now(took, outcome);
         }));
         in_flight.retain(|task| !task.is_finished());
     }
@@ -318,6 +332,23 @@ mod tests {
         assert_eq!(both.recorder.requests, 2);
         let max = both.to_json(Counted::Items)["max_ms"].as_f64().unwrap_or(0.0);
         assert!((max - 500.0).abs() < 1.0, "{max}");
+    }
+
+    #[test]
+    fn the_start_of_the_slowest_request_is_kept() {
+        let started = |recorder: &Recorder| recorder.slowest_started.unwrap_or(std::time::UNIX_EPOCH);
+        let mut fast = Recorder::new();
+        fast.record_now(Duration::from_millis(10), Ok(1));
+        let mut slow = Recorder::new();
+        slow.record_now(Duration::from_millis(20), Ok(1));
+        slow.record_now(Duration::from_secs(3600), Ok(1));
+        let an_hour_ago = started(&slow);
+        slow.record_now(Duration::from_millis(30), Ok(1));
+        assert_eq!(started(&slow), an_hour_ago, "a faster request later leaves it");
+        let age = std::time::SystemTime::now().duration_since(an_hour_ago).unwrap_or_default();
+        assert!(age >= Duration::from_secs(3600) && age < Duration::from_secs(3660), "{age:?}");
+        fast.merge(slow);
+        assert_eq!(started(&fast), an_hour_ago, "merged, the slower one's");
     }
 
     #[test]

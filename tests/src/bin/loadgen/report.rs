@@ -44,6 +44,13 @@ fn describe(name: &str, config: &Config) -> String {
     }
 }
 
+/// An instant as RFC 3339 in UTC, to the millisecond (as the logs of the other processes are).
+fn utc(at: std::time::SystemTime) -> String {
+    let at = time::OffsetDateTime::from(at);
+    let at = at.replace_nanosecond(at.millisecond() as u32 * 1_000_000).unwrap_or(at);
+    at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
 /// The runs at size (`batch_ingest_10m`, ...): their scenario at that size.
 fn describe_sized(name: &str, config: &Config) -> String {
     let Some((scenario, size)) = name.rsplit_once('_') else { return String::new() };
@@ -92,12 +99,13 @@ fn field(value: &Value, key: &str) -> f64 {
 /// how busy the writers' apply loops were.
 fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
     let cores = &scenario.cores;
-    let (busy, other) = (field(cores, "machine busy"), field(cores, "other processes"));
+    let (busy, other, stolen) =
+        (field(cores, "machine busy"), field(cores, "other processes"), field(cores, "stolen by the host"));
     let mut ours: Vec<(String, f64)> = cores
         .as_object()
         .map(|o| {
             o.iter()
-                .filter(|(k, _)| *k != "machine busy" && *k != "other processes")
+                .filter(|(k, _)| !["machine busy", "other processes", "stolen by the host"].contains(&k.as_str()))
                 .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
                 .collect()
         })
@@ -123,6 +131,9 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
             text,
             ". {other:.2} cores went to processes not of this run: the machine was shared, re-run it quiet"
         );
+    }
+    if stolen >= 0.1 {
+        let _ = write!(text, ". The host took {stolen:.2} cores from this virtual machine (steal time)");
     }
     text
 }
@@ -266,6 +277,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 "requests": recorder.requests,
                 "items": recorder.items,
                 "first_error": recorder.first_error,
+                "slowest_started_at": recorder.slowest_started.map(utc),
                 "cores": scenario.cores,
                 "writer_stage": scenario.writer,
             }),
@@ -430,9 +442,13 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             Counted::Items => ("items/s", &r["items_per_s"]),
             Counted::Requests => ("requests/s", &r["requests_per_s"]),
         };
+        let slowest = d["slowest_started_at"]
+            .as_str()
+            .map(|at| format!(" The slowest request started at {at}."))
+            .unwrap_or_default();
         let _ = writeln!(
             md,
-            "### {name}\n\n{}; {}.\n",
+            "### {name}\n\n{}; {}.{slowest}\n",
             d["what"].as_str().unwrap_or(""),
             d["concurrency"].as_str().unwrap_or("")
         );
