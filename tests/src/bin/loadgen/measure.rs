@@ -69,19 +69,37 @@ pub struct Recorder {
     /// When the slowest request recorded by [`Recorder::record_now`] started (or was due), so
     /// that a stall can be laid against the logs of the other processes.
     pub slowest_started: Option<std::time::SystemTime>,
+    /// The first [`SLOW_KEPT`] requests recorded by [`Recorder::record_now`] that took longer
+    /// than [`SLOW`], with when each started: the shape of a stall.
+    pub slow: Vec<(std::time::SystemTime, Duration)>,
 }
+
+pub const SLOW: Duration = Duration::from_millis(50);
+const SLOW_KEPT: usize = 200;
 
 impl Recorder {
     pub fn new() -> Recorder {
         // Up to 10 minutes at 3 significant digits.
         let latency = Histogram::new_with_bounds(1, 600_000_000, 3).unwrap_or_else(|e| panic!("histogram: {e}"));
-        Recorder { latency, requests: 0, items: 0, errors: 0, first_error: None, slowest_started: None }
+        Recorder {
+            latency,
+            requests: 0,
+            items: 0,
+            errors: 0,
+            first_error: None,
+            slowest_started: None,
+            slow: Vec::new(),
+        }
     }
 
     /// [`Recorder::record`] of a request that has just ended, keeping when the slowest started.
     pub fn record_now(&mut self, took: Duration, outcome: Result<u64, String>) {
+        let started = std::time::SystemTime::now().checked_sub(took);
         if self.requests == 0 || u64::try_from(took.as_micros()).unwrap_or(u64::MAX) >= self.latency.max() {
-            self.slowest_started = std::time::SystemTime::now().checked_sub(took);
+            self.slowest_started = started;
+        }
+        if let Some(started) = started.filter(|_| took > SLOW && self.slow.len() < SLOW_KEPT) {
+            self.slow.push((started, took));
         }
         self.record(took, outcome);
     }
@@ -103,6 +121,9 @@ impl Recorder {
             self.slowest_started = other.slowest_started;
         }
         let _ = self.latency.add(&other.latency);
+        self.slow.extend(other.slow);
+        self.slow.sort();
+        self.slow.truncate(SLOW_KEPT);
         self.requests += other.requests;
         self.items += other.items;
         self.errors += other.errors;

@@ -278,6 +278,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 "items": recorder.items,
                 "first_error": recorder.first_error,
                 "slowest_started_at": recorder.slowest_started.map(utc),
+                "slow_requests": recorder.slow.iter().map(|(at, took)| json!([utc(*at), round2(took.as_secs_f64() * 1000.0)])).collect::<Vec<_>>(),
                 "cores": scenario.cores,
                 "writer_stage": scenario.writer,
             }),
