@@ -359,6 +359,7 @@ pub async fn scenarios_at(
     crate::settle(&preloaded.url).await?;
     crate::say(&format!("single_200rps at {}", label(size)));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let before = crate::stages::read(&stack).await;
     let measured = open_loop(
         &crate::targets(&stack),
         config.rate,
@@ -368,7 +369,17 @@ pub async fn scenarios_at(
     .await;
     scenarios.push((
         name("single_200rps"),
-        Scenario { measured, counted: Counted::Requests, cores: cores.await.unwrap_or_default(), writer: None },
+        Scenario {
+            writer: Some(crate::stages::between(
+                &before,
+                &crate::stages::read(&stack).await,
+                measured.elapsed,
+                stack.writer_ops_urls.len(),
+            )),
+            measured,
+            counted: Counted::Requests,
+            cores: cores.await.unwrap_or_default(),
+        },
     ));
     crate::say(&format!("direct_apply at {}", label(size)));
     let (measured, cores) = baselines::direct_apply(
