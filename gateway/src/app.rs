@@ -94,7 +94,7 @@ async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inne
     let context = RequestContext::default();
     request.extensions_mut().insert(context.clone());
     let method = request.method().clone();
-    let route_name = Route::recognize(&method, request.uri().path()).map_or("unknown", Route::name);
+    let route_name = Route::recognize(&method, request.uri().path()).map_or(Route::UNKNOWN, Route::name);
     let outcome = match inner.oneshot(request).await {
         Ok(response) if response.extensions().get::<Panicked>().is_none() => Ok(response.map(BodyExt::boxed_unsync)),
         // Logged with the request id as an internal error; the panic's message is not

@@ -29,6 +29,9 @@ mod writes;
 
 use clap::Parser;
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
+use intake_common::error::ErrorCode;
+use parse_errors::OnRefusedHead;
+use routes::Route;
 use state::AppState;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -246,7 +249,8 @@ async fn main() -> anyhow::Result<()> {
             async move { Ok::<_, Infallible>(app::handle_ops(&readiness, &metrics, request).await) }
         })
     };
-    tokio::spawn(server::serve(ops, None, ops_service, settings, CancellationToken::new()));
+    // The ops port's requests are not counted in the request metrics, nor are its refused heads.
+    tokio::spawn(server::serve(ops, None, ops_service, settings, Arc::new(|_| ()), CancellationToken::new()));
 
     let write_timeout = ms(config.write_timeout_ms);
     let writes = writes::WriteClient::start(
@@ -288,11 +292,16 @@ async fn main() -> anyhow::Result<()> {
     });
 
     tracing::info!(listen = %config.listen, ops = %config.ops_listen, tls = tls.is_some(), "gateway listening");
+    let refused_head: OnRefusedHead = {
+        let metrics = state.metrics.clone();
+        Arc::new(move |code: ErrorCode| metrics.observe(Route::UNKNOWN, code.status(), Duration::ZERO))
+    };
     let api_server = tokio::spawn(server::serve(
         api,
         tls,
         app::api_service(state, config.max_requests_in_flight),
         settings,
+        refused_head,
         shutdown.clone(),
     ));
     // Only now can it be ready: a probe that sees 200 finds the API accepting.

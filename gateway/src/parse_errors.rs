@@ -14,6 +14,7 @@ use bytes::{Buf, Bytes};
 use intake_common::error::ErrorCode;
 use std::io::IoSlice;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::AsyncWrite;
 
@@ -27,21 +28,26 @@ fn code_of(status: &[u8]) -> Option<ErrorCode> {
     }
 }
 
+/// Told of each head refused, by its code: no service sees these requests, so the request
+/// metrics hear of them here.
+pub type OnRefusedHead = Arc<dyn Fn(ErrorCode) + Send + Sync>;
+
 pub struct ShapedParseErrors<I> {
     io: I,
     /// The error response still to be written in place of hyper's head.
     replacement: Bytes,
+    on_refused: OnRefusedHead,
 }
 
 impl<I> ShapedParseErrors<I> {
-    pub fn new(io: I) -> Self {
-        ShapedParseErrors { io, replacement: Bytes::new() }
+    pub fn new(io: I, on_refused: OnRefusedHead) -> Self {
+        ShapedParseErrors { io, replacement: Bytes::new(), on_refused }
     }
 }
 
-/// The full error response for hyper's own head `head` (the whole of a write), or `None` when
-/// the write is anything else.
-fn replacement_for(head: &[u8]) -> Option<Bytes> {
+/// The full error response for hyper's own head `head` (the whole of a write) and its code, or
+/// `None` when the write is anything else.
+fn replacement_for(head: &[u8]) -> Option<(ErrorCode, Bytes)> {
     let text = std::str::from_utf8(head).ok()?;
     let lines = text.strip_suffix("\r\n\r\n")?;
     let mut lines = lines.split("\r\n");
@@ -68,7 +74,7 @@ fn replacement_for(head: &[u8]) -> Option<Bytes> {
     response.push_str("\r\n");
     let mut bytes = response.into_bytes();
     bytes.extend_from_slice(&body);
-    Some(Bytes::from(bytes))
+    Some((code, Bytes::from(bytes)))
 }
 
 impl<I: AsyncWrite + Unpin> ShapedParseErrors<I> {
@@ -93,7 +99,8 @@ impl<I: AsyncWrite + Unpin> ShapedParseErrors<I> {
             first.len() == total && (first.starts_with(b"HTTP/1.1 4") || first.starts_with(b"HTTP/1.0 4"))
         };
         if let Some(first) = bufs.first().filter(suspect) {
-            if let Some(replacement) = replacement_for(first) {
+            if let Some((code, replacement)) = replacement_for(first) {
+                (self.on_refused)(code);
                 self.replacement = replacement;
                 // Taken whole: the rest goes out on the next write, flush or shutdown.
                 if let Poll::Ready(Err(error)) = self.poll_replacement(cx) {
@@ -150,8 +157,12 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn through_the_wrapper(written: &[u8]) -> String {
+        through_the_wrapper_telling(written, Arc::new(|_| ())).await
+    }
+
+    async fn through_the_wrapper_telling(written: &[u8], on_refused: OnRefusedHead) -> String {
         let (server, mut client) = tokio::io::duplex(64);
-        let mut wrapped = ShapedParseErrors::new(server);
+        let mut wrapped = ShapedParseErrors::new(server, on_refused);
         let written = written.to_vec();
         let writer = tokio::spawn(async move {
             wrapped.write_all(&written).await.unwrap_or_else(|e| panic!("{e}"));
@@ -175,6 +186,19 @@ mod tests {
         assert_eq!(document["error"]["code"], "headers_too_large");
         let request_id = document["error"]["request_id"].as_str().unwrap_or_default();
         assert!(request_id.starts_with("req_") && head.contains(&format!("\r\nx-request-id: {request_id}")), "{head}");
+    }
+
+    #[tokio::test]
+    async fn each_refused_head_is_told_once_by_its_code_and_no_other_response_is() {
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tell: OnRefusedHead = {
+            let told = told.clone();
+            Arc::new(move |code| told.lock().unwrap_or_else(|p| p.into_inner()).push(code))
+        };
+        through_the_wrapper_telling(b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n\r\n", tell.clone()).await;
+        let own = b"HTTP/1.1 400 Bad Request\r\nx-request-id: req_1\r\ncontent-length: 2\r\n\r\n{}";
+        through_the_wrapper_telling(own, tell).await;
+        assert_eq!(*told.lock().unwrap_or_else(|p| p.into_inner()), vec![ErrorCode::UriTooLong]);
     }
 
     #[tokio::test]

@@ -45,6 +45,9 @@ impl Route {
         matches!(self, Route::Conversion | Route::ConversionBatch | Route::ConversionValidate)
     }
 
+    /// For logs and metrics: the name of a request that has no route.
+    pub const UNKNOWN: &'static str = "unknown";
+
     /// For logs and metrics.
     pub fn name(self) -> &'static str {
         match self {

@@ -29,7 +29,7 @@
 //! - On shutdown the listener closes, idle connections close, and busy ones finish their
 //!   request (answered with `Connection: close`, or GOAWAY), for at most the grace period.
 
-use crate::parse_errors::ShapedParseErrors;
+use crate::parse_errors::{OnRefusedHead, ShapedParseErrors};
 use crate::request_body::RequestBody;
 use bytes::{Buf, Bytes};
 use hyper::body::Incoming;
@@ -127,6 +127,7 @@ pub async fn serve<S: ApiService>(
     tls: Option<TlsAcceptor>,
     service: S,
     settings: Settings,
+    on_refused_head: OnRefusedHead,
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
@@ -156,6 +157,7 @@ pub async fn serve<S: ApiService>(
             protocols: protocols.clone(),
             settings,
             service: service.clone(),
+            on_refused_head: on_refused_head.clone(),
             shutdown: shutdown.clone(),
             _slot: slot,
         };
@@ -200,6 +202,8 @@ struct Connection<S> {
     protocols: Arc<Protocols>,
     settings: Settings,
     service: S,
+    /// Told of each HTTP/1 head hyper's parser refused (parse_errors.rs).
+    on_refused_head: OnRefusedHead,
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
 }
@@ -289,7 +293,7 @@ impl<S: ApiService> Connection<S> {
         let give_up_after = self.settings.keep_alive_timeout;
         match protocol {
             Protocol::Http1 => {
-                let io = TokioIo::new(ShapedParseErrors::new(io));
+                let io = TokioIo::new(ShapedParseErrors::new(io, self.on_refused_head.clone()));
                 let mut connection = self.protocols.http1.serve_connection(io, service);
                 let mut closing = false;
                 let done = loop {

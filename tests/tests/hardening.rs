@@ -86,6 +86,12 @@ async fn a_head_the_http_parser_refuses_gets_the_error_document_and_a_closed_con
         assert_eq!(reply.header("connection"), Some("close"));
         assert!(connection.closed_after(Duration::from_secs(5)).await.is_some(), "closed after the {status}");
     }
+    // Counted as requests, of no route.
+    let metrics = stack.metrics().await;
+    for (status, count) in [(400, 3.0), (414, 1.0), (431, 1.0)] {
+        let series = format!("intake_gateway_requests_total{{route=\"unknown\",status=\"{status}\"}}");
+        assert_eq!(metrics.value(&series), count, "{series} in\n{}", metrics.0);
+    }
     // A 400 of the service's own passes as it is, on a connection that stays open.
     let mut own = Raw::connect(&stack).await;
     own.send(&[write_head("/v1/conversions", &key.bearer(), 9), b"{not json".to_vec()].concat()).await;
