@@ -357,6 +357,12 @@ pub async fn scenarios_at(
     scenarios.push((name("batch_ingest"), ingest));
     scenarios.push((name("pg_upsert"), upsert));
     crate::settle(&preloaded.url).await?;
+    crate::warm_singles(
+        &crate::targets(&stack),
+        config.rate,
+        plans.single_open(Arc::new(crate::bodies::Generator::new("sized-paced-warm"))),
+    )
+    .await;
     crate::say(&format!("single_200rps at {}", label(size)));
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let before = crate::stages::read(&stack).await;
