@@ -7,7 +7,7 @@
 # gateways each under a CPU quota, and the runs at 1 M and 10 M stored conversions. Writes
 # bench/report.json and bench/report.md (and bench/profile/).
 #
-#   deploy/bench.sh                 the full run (about 19 minutes, 10 M conversions loaded in 3)
+#   deploy/bench.sh                 the full run (about 20 minutes, 10 M conversions loaded in 4)
 #   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
 #   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
 #   deploy/bench.sh --no-scale --no-profile --micro
