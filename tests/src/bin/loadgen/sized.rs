@@ -423,25 +423,22 @@ async fn ingest_and_upsert_in_turns(
         Arc::new(Mutex::new(Vec::new())),
     );
     let before = crate::stages::read(stack).await;
-    let (mut ingest, mut upsert): (Option<Measured>, Option<Measured>) = (None, None);
+    let (mut ingest_turns, mut upsert_turns) = (Vec::new(), Vec::new());
     let (mut ingest_cores, mut upsert_cores) = (Vec::new(), Vec::new());
     for _ in 0..turns {
         let cores = tokio::spawn(roles.clone().cores_during(turn));
         let measured = closed_loop(&crate::targets(stack), config.batch_clients, turn, plan.clone()).await;
         ingest_cores.push(cores.await.unwrap_or_default());
-        ingest = Some(match ingest {
-            Some(so_far) => so_far.followed_by(measured),
-            None => measured,
-        });
+        ingest_turns.push(measured);
         let (measured, cores) =
             baselines::pg_upsert_into_preloaded(database_url, roles, turn, config.pg_clients, &config.out_dir).await?;
         upsert_cores.push(cores);
-        upsert = Some(match upsert {
-            Some(so_far) => so_far.followed_by(measured),
-            None => measured,
-        });
+        upsert_turns.push(measured);
     }
-    let (Some(mut ingest), Some(mut upsert)) = (ingest, upsert) else { anyhow::bail!("no turn was run") };
+    let joined = |turns: Vec<Measured>| turns.into_iter().reduce(Measured::followed_by);
+    let (Some(mut ingest), Some(mut upsert)) = (joined(ingest_turns), joined(upsert_turns)) else {
+        anyhow::bail!("no turn was run")
+    };
     let writer =
         crate::stages::between(&before, &crate::stages::read(stack).await, ingest.elapsed, stack.writer_ops_urls.len());
     for measured in [&mut ingest, &mut upsert] {
