@@ -19,8 +19,9 @@ KAFKA_CONTROLLER_PORT="${INTAKE_KAFKA_CONTROLLER_PORT:-59093}"
 # protocol floor of KIP-896 that librdkafka 2.12 (bundled by rdkafka 0.39) speaks.
 KAFKA_VERSION="${INTAKE_KAFKA_VERSION:-4.4.0}"
 KAFKA_LIBS="$INTAKE_CACHE/kafka-$KAFKA_VERSION/libs"
-# Bounded heap: the whole machine has 2 cores and is shared with everything else.
-KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms128m -Xmx512m}"
+# A fixed heap of 1 GB (docs/operations.md, "Kafka"): with 128 to 512 MB, the broker's live data
+# filled it past G1's marking threshold.
+KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms1g -Xmx1g}"
 
 export INTAKE_KAFKA_BROKERS="${INTAKE_KAFKA_BROKERS:-127.0.0.1:$KAFKA_PORT}"
 export INTAKE_REDIS_URL="${INTAKE_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
@@ -222,8 +223,9 @@ LOG4J
     say "starting Kafka $KAFKA_VERSION node $name on 127.0.0.1:$port"
     # shellcheck disable=SC2086
     # The GC log (each pause, with the time of day) tells whether a stall of the whole write
-    # path was the broker's collector.
-    start_process "$name" java $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    # path was the broker's collector. Regions of 8 MB: a produce request (up to 1 MB) is then
+    # not a "humongous" object, each of which started a marking cycle (docs/operations.md).
+    start_process "$name" java $KAFKA_HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:G1HeapRegionSize=8m \
         "-Xlog:gc:file=$LOGS/$name-gc.log:time,uptime:filecount=2,filesize=10m" \
         -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
