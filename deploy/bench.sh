@@ -27,6 +27,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" \
                         INTAKE_BENCH_WARMUP_SECONDS="${INTAKE_BENCH_WARMUP_SECONDS:-2}" \
+                        INTAKE_BENCH_BROKER_WARMUP_SECONDS="${INTAKE_BENCH_BROKER_WARMUP_SECONDS:-0}" \
                         INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-5}" \
                         INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" \
                         INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-50000}" ;;

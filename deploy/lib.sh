@@ -19,7 +19,7 @@ KAFKA_CONTROLLER_PORT="${INTAKE_KAFKA_CONTROLLER_PORT:-59093}"
 # protocol floor of KIP-896 that librdkafka 2.12 (bundled by rdkafka 0.39) speaks.
 KAFKA_VERSION="${INTAKE_KAFKA_VERSION:-4.4.0}"
 KAFKA_LIBS="$INTAKE_CACHE/kafka-$KAFKA_VERSION/libs"
-# A fixed heap of 1 GB (docs/operations.md, "Kafka"): with 128 to 512 MB, the broker's live data
+# A fixed heap of 1 GB (docs/operations.md, "Kafka's broker"): with 128 to 512 MB, the live data
 # filled it past G1's marking threshold.
 KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms1g -Xmx1g}"
 
