@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark (issue 10), one command. Starts what is missing (PostgreSQL, Redis, Kafka: the
+# The benchmark, one command. Starts what is missing (PostgreSQL, Redis, Kafka: the
 # ones already running are reused, never stopped), recreates the benchmark database, builds the
 # release binaries, and runs every scenario in one run with the load generator
 # (tests/src/bin/loadgen): gateways and writers of its own on topics of its own, the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak (issue 18): mixed traffic (singles, batches, re-sends, chains, erasures) at half the
+# The soak: mixed traffic (singles, batches, re-sends, chains, erasures) at half the
 # measured capacity for a set time, on a gateway and a writer of its own (release build) with the
 # topics' retention shortened to a few minutes, so that pruning (applied_messages ranges, erasure
 # tombstones, Kafka segments) happens inside the run. Samples every minute: RSS and open

@@ -1,4 +1,4 @@
-//! The input contract over HTTP (issue 3): error shapes, body limits, warnings, and that raw
+//! The input contract over HTTP: error shapes, body limits, warnings, and that raw
 //! email, phone and address never reach Kafka, PostgreSQL or a log line.
 
 use intake_tests::serde_json::{json, Value};

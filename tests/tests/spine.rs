@@ -1,4 +1,4 @@
-//! One conversion from HTTP through Kafka to PostgreSQL and back (issue 2).
+//! One conversion from HTTP through Kafka to PostgreSQL and back.
 
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, join_all, Stack, StackOptions};

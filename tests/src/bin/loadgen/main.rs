@@ -1,4 +1,4 @@
-//! The benchmark of `deploy/bench.sh` (issue 10): starts gateways and writers (release build) on
+//! The benchmark of `deploy/bench.sh`: starts gateways and writers (release build) on
 //! topics of their own against the local PostgreSQL, Redis and Kafka, drives every scenario over
 //! real HTTP, measures the two baselines in the same run, and writes `report.json` and
 //! `report.md`. Settings are environment variables (see [`Config`]); `loadgen sample batch`

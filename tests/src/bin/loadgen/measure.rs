@@ -163,7 +163,7 @@ impl Measured {
         count as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// The scenario's object in report.json: exactly the keys issue 10 names.
+    /// The scenario's object in report.json: exactly the keys the benchmark's contract names.
     pub fn to_json(&self, counted: Counted) -> Value {
         let ms = |q: f64| round2(self.recorder.latency.value_at_quantile(q) as f64 / 1000.0);
         let key = match counted {

@@ -1,4 +1,4 @@
-//! report.json (the keys issue 10 names, then the context a reader needs to trust them) and
+//! report.json (the keys its readers check, then the context a reader needs to trust them) and
 //! report.md (a table per scenario, the targets, and for each missed target the stage that
 //! bounds it, from the CPU each process used and the writer's own timers).
 
