@@ -37,12 +37,13 @@ use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -259,16 +260,13 @@ impl<S: ApiService> Connection<S> {
     {
         // Before the first request: on HTTP/1 hyper's header timer governs; HTTP/2 has none, so
         // this connection's own timer counts the header read timeout from now.
-        let initially = match protocol {
-            Protocol::Http1 => Activity::Waiting,
-            Protocol::Http2 => Activity::Opened(Instant::now()),
-        };
-        let (activity, idle) = watch::channel(initially);
-        let activity = Arc::new(activity);
+        let first_request = (protocol == Protocol::Http2).then_some(self.settings.header_read_timeout);
+        let activity = Arc::new(Activity::new(self.settings.keep_alive_timeout, first_request));
+        let idle_expired = activity.clone().idle();
         let inner = self.service.clone();
         let http1 = protocol == Protocol::Http1;
         let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            let busy = Busy::start(activity.clone());
+            let busy = Activity::start(&activity);
             let (request, fate) = RequestBody::wrap(request, http1);
             let response = inner.clone().oneshot(request);
             // Boxed: HTTP/1's poll_without_shutdown wants an Unpin future.
@@ -283,7 +281,6 @@ impl<S: ApiService> Connection<S> {
                 Ok::<_, Infallible>(response)
             })
         });
-        let idle_expired = idle_for(idle, self.settings.keep_alive_timeout, self.settings.header_read_timeout);
         tokio::pin!(idle_expired);
         // Closing an idle connection gracefully waits for what is still being sent (and, on
         // HTTP/2, for the client to acknowledge the GOAWAY's ping); a client that stopped reading
@@ -344,66 +341,82 @@ impl<S: ApiService> Connection<S> {
     }
 }
 
-/// What the connection is doing, for the keep-alive timeout.
-#[derive(Debug, Clone, Copy)]
-enum Activity {
-    /// No request yet, and another timer governs this time.
-    Waiting,
-    /// No request yet since then; the header read timeout applies.
-    Opened(Instant),
-    /// Serving this many requests (HTTP/2 streams, or one HTTP/1 request).
-    Busy(usize),
-    /// No request in progress since then.
-    Idle(Instant),
+/// What the connection is doing, for the keep-alive timeout: how many requests are in progress
+/// (HTTP/2 streams, or one HTTP/1 request), and when the last one ended. hyper 1 has a header
+/// read timer but no keep-alive idle timeout of its own.
+///
+/// Requests only update atomics; the timer ([`Activity::idle`]) is not told, but looks again
+/// each time it wakes, never later than the connection could expire. A channel that woke the
+/// timer at each request's start and end woke the connection's own task twice a request and
+/// set a timer each time: a few per cent of the CPU of a small request.
+struct Activity {
+    opened: Instant,
+    keep_alive: Duration,
+    /// HTTP/2: the connection expires this long after it opened without a request.
+    first_request: Option<Duration>,
+    in_progress: AtomicUsize,
+    /// Nanoseconds after `opened` at which the connection expires if no request starts before
+    /// then: the latest end of a request plus the keep-alive timeout; 0 until a request ends.
+    idle_until: AtomicU64,
 }
 
-/// Marks the connection busy while a request is served; idle from the moment its last one is
-/// answered. hyper 1 has a header read timer but no keep-alive idle timeout of its own.
-struct Busy(Arc<watch::Sender<Activity>>);
+/// A request in progress on the connection (see [`Activity`]).
+struct Busy(Arc<Activity>);
 
-impl Busy {
-    fn start(activity: Arc<watch::Sender<Activity>>) -> Busy {
-        activity.send_modify(|now| {
-            *now = match *now {
-                Activity::Busy(requests) => Activity::Busy(requests + 1),
-                Activity::Waiting | Activity::Opened(_) | Activity::Idle(_) => Activity::Busy(1),
+impl Activity {
+    fn new(keep_alive: Duration, first_request: Option<Duration>) -> Activity {
+        Activity {
+            opened: Instant::now(),
+            keep_alive,
+            first_request,
+            in_progress: AtomicUsize::new(0),
+            idle_until: AtomicU64::new(0),
+        }
+    }
+
+    fn start(activity: &Arc<Activity>) -> Busy {
+        activity.in_progress.fetch_add(1, Ordering::AcqRel);
+        Busy(activity.clone())
+    }
+
+    /// When the connection expires if nothing starts before then; `None` while a request is in
+    /// progress, or while another timer governs (HTTP/1 before its first request).
+    fn expires(&self) -> Option<Instant> {
+        // The end's time is stored before its count is taken back (`Busy::drop`): no request in
+        // progress means the latest end is seen.
+        if self.in_progress.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        match self.idle_until.load(Ordering::Acquire) {
+            0 => self.first_request.map(|first| self.opened + first),
+            nanos => Some(self.opened + Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Resolves once the connection has been idle (no request in progress) for the keep-alive
+    /// timeout after a response, or for the header read timeout after it opened (HTTP/2)
+    /// without a request. While it cannot expire, it looks again a keep-alive timeout later:
+    /// a request in progress then ends after now, so its connection expires after that look.
+    async fn idle(self: Arc<Self>) {
+        loop {
+            let now = Instant::now();
+            match self.expires() {
+                Some(at) if at <= now => return,
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => tokio::time::sleep_until(now + self.keep_alive).await,
             }
-        });
-        Busy(activity)
+        }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.send_modify(|now| {
-            *now = match *now {
-                Activity::Busy(requests) if requests > 1 => Activity::Busy(requests - 1),
-                _ => Activity::Idle(Instant::now()),
-            }
-        });
-    }
-}
-
-/// Resolves once the connection has been idle (no request in progress) for `keep_alive` after a
-/// response, or for `first_request` after it opened without a request.
-async fn idle_for(mut activity: watch::Receiver<Activity>, keep_alive: Duration, first_request: Duration) {
-    loop {
-        let now = *activity.borrow_and_update();
-        let expires = match now {
-            Activity::Idle(since) => Some(since + keep_alive),
-            Activity::Opened(since) => Some(since + first_request),
-            Activity::Waiting | Activity::Busy(_) => None,
-        };
-        let changed = match expires {
-            Some(at) => tokio::select! {
-                () = tokio::time::sleep_until(at) => return,
-                changed = activity.changed() => changed,
-            },
-            None => activity.changed().await,
-        };
-        if changed.is_err() {
-            return std::future::pending().await;
-        }
+        let activity = &self.0;
+        let ended = activity.opened.elapsed() + activity.keep_alive;
+        let nanos = u64::try_from(ended.as_nanos()).unwrap_or(u64::MAX).max(1);
+        // The latest end wins also when two streams' ends are stored out of order.
+        activity.idle_until.fetch_max(nanos, Ordering::AcqRel);
+        activity.in_progress.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -498,10 +511,9 @@ mod tests {
     #[tokio::test]
     async fn idle_counts_from_the_last_of_concurrent_requests() {
         let limit = Duration::from_millis(300);
-        let (sender, receiver) = watch::channel(Activity::Idle(Instant::now()));
-        let sender = Arc::new(sender);
-        let (first, second) = (Busy::start(sender.clone()), Busy::start(sender.clone()));
-        let idle = tokio::spawn(idle_for(receiver, limit, limit * 10));
+        let activity = Arc::new(Activity::new(limit, None));
+        let (first, second) = (Activity::start(&activity), Activity::start(&activity));
+        let idle = tokio::spawn(activity.clone().idle());
         drop(first);
         tokio::time::sleep(limit * 2).await;
         assert!(!idle.is_finished(), "a request is still in progress");
@@ -509,5 +521,16 @@ mod tests {
         let ended = Instant::now();
         let _ = idle.await;
         assert!(ended.elapsed() >= limit, "idle for the limit after the last response");
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_a_request_expires_only_with_a_first_request_timeout() {
+        let (limit, first_request) = (Duration::from_millis(100), Duration::from_millis(300));
+        let opened = Instant::now();
+        Arc::new(Activity::new(limit, Some(first_request))).idle().await;
+        assert!(opened.elapsed() >= first_request, "the header read timeout, not the keep-alive");
+        let waiting = tokio::spawn(Arc::new(Activity::new(limit, None)).idle());
+        tokio::time::sleep(limit * 4).await;
+        assert!(!waiting.is_finished(), "HTTP/1 before its first request: hyper's timer governs");
     }
 }
