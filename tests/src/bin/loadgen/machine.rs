@@ -184,6 +184,20 @@ impl Roles {
         pids
     }
 
+    /// This program and the clients it runs as processes of their own (wrk, pgbench), not the
+    /// gateways and writers it started: a client's CPU is the load generator's, not load that
+    /// shares the machine.
+    pub fn load_generator_processes(&self) -> Vec<u32> {
+        let me = std::process::id();
+        let mut pids: Vec<u32> = all_pids()
+            .into_iter()
+            .filter(|pid| !self.gateways.contains(pid) && !self.writers.contains(pid))
+            .filter(|&pid| cpu_ticks_and_parent(pid).is_some_and(|(_, parent)| parent == me))
+            .collect();
+        pids.push(me);
+        pids
+    }
+
     /// CPU ticks per role now. PostgreSQL counts the postmaster's children (every backend of
     /// the cluster, this run's and anyone else's, and its background writers).
     pub fn snapshot(&self) -> CpuSnapshot {
@@ -191,7 +205,7 @@ impl Roles {
         let mut by_role = BTreeMap::new();
         by_role.insert("gateway", sum(&self.gateways));
         by_role.insert("writer", sum(&self.writers));
-        by_role.insert("load generator", sum(&[std::process::id()]));
+        by_role.insert("load generator", sum(&self.load_generator_processes()));
         if self.postmaster.is_some() {
             by_role.insert("postgresql", sum(&self.postgres_processes()));
         }
@@ -279,5 +293,17 @@ mod tests {
     fn the_cores_of_turns_are_averaged_per_role() {
         let mean = mean_cores(&[json!({"writer": 1.0, "postgresql": 0.5}), json!({"writer": 0.5, "postgresql": 1.5})]);
         assert_eq!(mean, json!({"postgresql": 1.0, "writer": 0.75}));
+    }
+
+    #[test]
+    fn a_client_run_as_a_child_is_the_load_generators_and_a_started_gateway_is_not() {
+        let spawn = || std::process::Command::new("sleep").arg("30").spawn();
+        let (Ok(mut client), Ok(mut gateway)) = (spawn(), spawn()) else { panic!("sleep did not start") };
+        let roles = Roles { gateways: vec![gateway.id()], ..Roles::default() };
+        let pids = roles.load_generator_processes();
+        let _ = (client.kill(), gateway.kill(), client.wait(), gateway.wait());
+        assert!(pids.contains(&client.id()), "wrk or pgbench, started by this program");
+        assert!(pids.contains(&std::process::id()));
+        assert!(!pids.contains(&gateway.id()), "a gateway's CPU is the gateway's");
     }
 }

@@ -350,7 +350,7 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
     );
     let _ = writeln!(
         md,
-        "CPU columns are cores used over the middle of each scenario (from /proc); \"other processes\" is load on the machine that is not this run's (a shared machine shows it there). Before the run, {} of {} cores were busy.\n",
+        "CPU columns are cores used over the middle of each scenario (from /proc); \"load generator\" counts the clients it runs (wrk, pgbench), \"other processes\" the load on the machine that is not this run's (a shared machine shows it there). Before the run, {} of {} cores were busy.\n",
         m["busy_cores_before_run"], m["cores"]
     );
 
