@@ -346,9 +346,9 @@ impl<S: ApiService> Connection<S> {
 /// read timer but no keep-alive idle timeout of its own.
 ///
 /// Requests only update atomics; the timer ([`Activity::idle`]) is not told, but looks again
-/// each time it wakes, never later than the connection could expire. A channel that woke the
-/// timer at each request's start and end woke the connection's own task twice a request and
-/// set a timer each time: a few per cent of the CPU of a small request.
+/// each time it wakes, never later than the connection could expire. A channel telling the
+/// timer of each request's start and end would wake the connection's own task twice a request
+/// and set a timer each time: a few per cent of the CPU of a small request.
 struct Activity {
     opened: Instant,
     keep_alive: Duration,
