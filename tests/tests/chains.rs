@@ -76,7 +76,17 @@ async fn every_order_of_a_4_stage_journey_inside_one_batch_ends_in_one_chain() {
         let items: Vec<Value> = order.iter().map(|&i| stages[i].clone()).collect();
         let reply = stack.post("/v1/conversions/batch", &key, &json!({"conversions": items})).await;
         assert_eq!(reply.body["summary"]["created"], json!(order.len()), "{reply:?}");
-        assert_eq!(chains_of(&key.workspace_id, &tag).await.len(), 1, "order {order:?}");
+        let stored = chains_of(&key.workspace_id, &tag).await;
+        assert_eq!(stored.len(), 1, "order {order:?}");
+        let answered: Vec<&Value> = reply.body["results"]
+            .as_array()
+            .map(|results| results.iter().map(|r| &r["conversion"]["chain_id"]).collect())
+            .unwrap_or_default();
+        assert_eq!(answered.len(), order.len(), "{reply:?}");
+        assert!(
+            answered.iter().all(|&chain| *chain == json!(stored[0])),
+            "every stage is answered with the journey's chain after the write, order {order:?}: {answered:?}"
+        );
     }
 }
 

@@ -97,13 +97,28 @@ pub struct Item<'a> {
     pub received_at_ms: i64,
 }
 
-/// The items of one workspace, in the order they are applied (the chunks of several messages
-/// may follow one another). `stored` holds every stored conversion of the workspace whose
-/// (event, external_id) is an item's, whose external_id is an item's parent_external_id, or
-/// whose parent_external_id is an item's external_id.
-pub fn plan_chunk(items: &[Item<'_>], stored: Vec<StoredConversion>) -> Plan {
+/// The items of one workspace, in the order they are applied: the chunks of several messages
+/// may follow one another, `message_sizes` items each. `stored` holds every stored conversion
+/// of the workspace whose (event, external_id) is an item's, whose external_id is an item's
+/// parent_external_id, or whose parent_external_id is an item's external_id.
+///
+/// A message's results name each item's chain as that message leaves it: a later item of the
+/// same message may merge the chain an earlier one joined, and the response names the chain
+/// after the write, not after a later message's.
+pub fn plan_chunk(items: &[Item<'_>], message_sizes: &[usize], stored: Vec<StoredConversion>) -> Plan {
     let mut state = ChunkState::new(stored);
-    let results = items.iter().map(|item| state.apply(item)).collect();
+    let mut results = Vec::with_capacity(items.len());
+    let mut rest = items;
+    for &size in message_sizes {
+        let (message, after) = rest.split_at(size.min(rest.len()));
+        let first = results.len();
+        results.extend(message.iter().map(|item| state.apply(item)));
+        for result in &mut results[first..] {
+            result.chain_id = state.chains.find(&result.chain_id);
+        }
+        rest = after;
+    }
+    debug_assert!(rest.is_empty(), "the message sizes cover every item");
     state.finish(results)
 }
 

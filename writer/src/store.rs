@@ -204,7 +204,8 @@ async fn apply_workspace(
             })
             .collect();
         let related = fetch_related(tx, workspace_id, &items).await?;
-        let plan = plan::plan_chunk(&items, related);
+        let sizes: Vec<usize> = fresh.iter().map(|r| r.items.len()).collect();
+        let plan = plan::plan_chunk(&items, &sizes, related);
         write_plan(tx, workspace_id, &plan).await?;
         match_visits(tx, workspace_id, &plan.writes).await?;
         let mut results = plan.results.into_iter();

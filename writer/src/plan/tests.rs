@@ -12,7 +12,12 @@ struct Db {
 
 impl Db {
     fn send(&mut self, inputs: &[Value]) -> Vec<ItemResult> {
-        let plan = self.plan(inputs);
+        self.send_run(inputs, &[inputs.len()])
+    }
+
+    /// Messages of `message_sizes` items each, applied in one run.
+    fn send_run(&mut self, inputs: &[Value], message_sizes: &[usize]) -> Vec<ItemResult> {
+        let plan = self.plan(inputs, message_sizes);
         for (merged, into) in &plan.merges {
             for row in self.rows.iter_mut().filter(|row| &row.chain_id == merged) {
                 row.chain_id = into.clone();
@@ -27,7 +32,7 @@ impl Db {
         plan.results
     }
 
-    fn plan(&self, inputs: &[Value]) -> Plan {
+    fn plan(&self, inputs: &[Value], message_sizes: &[usize]) -> Plan {
         let items: Vec<Conversion> = inputs
             .iter()
             .map(|input| {
@@ -47,7 +52,7 @@ impl Db {
             .cloned()
             .collect();
         let items: Vec<Item<'_>> = items.iter().map(|conversion| Item { conversion, received_at_ms: NOW_MS }).collect();
-        plan_chunk(&items, related)
+        plan_chunk(&items, message_sizes, related)
     }
 
     fn chains(&self) -> BTreeSet<String> {
@@ -109,7 +114,20 @@ fn journey_in_one_chunk_in_every_order_ends_in_one_chain() {
         let results = db.send(&order);
         assert!(results.iter().all(|r| r.result == WriteResult::Created));
         assert_eq!(db.chains().len(), 1, "order {order:?}");
+        let answered: BTreeSet<_> = results.iter().map(|r| r.chain_id.clone()).collect();
+        assert_eq!(answered, db.chains(), "every stage answered with the one chain, order {order:?}");
     }
+}
+
+#[test]
+fn each_message_of_a_run_names_the_chains_as_it_left_them() {
+    let mut db = Db::default();
+    let inputs = [stage("purchase", "P", Some("S")), stage("lead", "L", None), stage("signed", "S", Some("L"))];
+    let results = db.send_run(&inputs, &[2, 1]);
+    let (p, l, s) = (&results[0].chain_id, &results[1].chain_id, &results[2].chain_id);
+    assert_ne!(p, l, "the first message left P and L in chains of their own");
+    assert_eq!(db.chains(), BTreeSet::from([s.clone()]), "the second merged them");
+    assert!(s == p || s == l);
 }
 
 #[test]
@@ -195,13 +213,13 @@ fn visit_matches_are_recomputed_only_when_a_matching_input_changes() {
     let mut db = Db::default();
     let mut first = stage("lead", "A", None);
     first["visitor_id"] = json!("abcdEFGH1234_-xy");
-    let created = db.plan(&[first.clone()]);
+    let created = db.plan(&[first.clone()], &[1]);
     assert!(created.writes.iter().all(|w| w.rematch), "a new conversion is matched");
     db.send(&[first.clone()]);
     let rematch = |db: &Db, field: &str, value: Value| {
         let mut input = first.clone();
         input[field] = value;
-        db.plan(&[input]).writes.iter().map(|w| w.rematch).collect::<Vec<_>>()
+        db.plan(&[input], &[1]).writes.iter().map(|w| w.rematch).collect::<Vec<_>>()
     };
     assert_eq!(rematch(&db, "value", json!("99")), vec![false], "a new value keeps the matches");
     assert_eq!(rematch(&db, "tags", json!({"plan": "x"})), vec![false]);
