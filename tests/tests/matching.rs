@@ -1,6 +1,10 @@
 //! Matching to visits at write time, and the operator's erasure of a person (docs/api.md,
 //! "Matching to visits"; docs/api.md, "Erasure").
 
+#[allow(dead_code)]
+#[path = "../../writer/src/lookups.rs"]
+mod lookups;
+
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{database, now_ms, Stack};
 
@@ -85,6 +89,60 @@ async fn conversions_older_than_90_days_get_no_matches() {
     assert_eq!((inside.status, outside.status), (201, 201), "old conversions are accepted");
     assert_eq!(matches(&inside.body["conversion"]["id"]).await.len(), 1);
     assert_eq!(matches(&outside.body["conversion"]["id"]).await.len(), 0);
+}
+
+/// The window is 90 times 24 hours in any time zone of the database session: a calendar day of
+/// timestamptz arithmetic is 23 or 25 hours across a daylight-saving change. The writer's own
+/// statement, in a transaction that is rolled back.
+#[tokio::test]
+async fn the_window_is_90_times_24_hours_in_any_time_zone() {
+    let db = database().await;
+    let mut tx = db.begin().await.unwrap_or_else(|e| panic!("{e}"));
+    let (ws, conversion, visitor) = (format!("ws_tz{}", unique(10)), format!("cnv_tz{}", unique(10)), unique(16));
+    // 2025-05-01T12:00:00Z, six weeks after New York moved its clocks forward.
+    let occurred: i64 = 1_746_100_800_000;
+    let statements = [
+        "SET LOCAL TimeZone = 'America/New_York'".to_owned(),
+        format!("INSERT INTO workspaces (id, name, project_id) VALUES ('{ws}', 'tz', 'tz')"),
+        format!("INSERT INTO chains (id, workspace_id) VALUES ('chn_{conversion}', '{ws}')"),
+        format!(
+            "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at)
+             VALUES ('{conversion}', '{ws}', 'lead', '1', 'chn_{conversion}', 'epoch'::timestamptz + {occurred} * interval '1 millisecond')"
+        ),
+    ];
+    for statement in &statements {
+        sqlx::query(statement).execute(&mut *tx).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    // Half an hour inside 90 x 24 hours; a calendar-day window in New York would start an hour
+    // later and leave it out.
+    let visited = occurred - 2160 * 3_600_000 + 1_800_000;
+    sqlx::query(
+        "INSERT INTO visits (workspace_id, visitor_id, visited_at, page)
+         VALUES ($1, $2, 'epoch'::timestamptz + $3 * interval '1 millisecond', '/')",
+    )
+    .bind(&ws)
+    .bind(&visitor)
+    .bind(visited)
+    .execute(&mut *tx)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(lookups::MATCH_VISITS)
+        .bind(&ws)
+        .bind(vec![conversion.clone()])
+        .bind(vec![Some(visitor)])
+        .bind(vec![None::<String>])
+        .bind(vec![None::<String>])
+        .bind(vec![occurred])
+        .execute(&mut *tx)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let matched: i64 = sqlx::query_scalar("SELECT count(*) FROM conversion_matches WHERE conversion_id = $1")
+        .bind(&conversion)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap_or(-1);
+    tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(matched, 1, "a visit 2159.5 hours before the conversion is in its window");
 }
 
 #[tokio::test]

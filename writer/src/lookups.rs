@@ -57,6 +57,8 @@ pub const CLEAR_PERSON_CONVERSIONS: &str = "
 /// Matches the conversions `$2` (with their visitor ids `$3`, click ids `$4`, contact ids `$5`
 /// and occurred_at `$6`, epoch ms) of workspace `$1` to the workspace's visits at or before
 /// `occurred_at` and within 90 days of it (docs/architecture.md, "Privacy"): three lookups, one per index of `visits`.
+/// The 90 days are written as 2160 hours: timestamptz arithmetic counts a day in the session's
+/// time zone, 23 or 25 hours across a daylight-saving change.
 pub const MATCH_VISITS: &str = "
     WITH c AS MATERIALIZED (
         SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id,
@@ -66,13 +68,13 @@ pub const MATCH_VISITS: &str = "
     INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
     SELECT c.id, v.id, 'visitor_id' FROM c
       JOIN visits v ON v.workspace_id = $1 AND v.visitor_id IS NOT NULL AND v.visitor_id = c.visitor_id
-                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '2160 hours'
     UNION ALL
     SELECT c.id, v.id, 'click_id' FROM c
       JOIN visits v ON v.workspace_id = $1 AND v.click_id IS NOT NULL AND v.click_id = c.click_id
-                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '2160 hours'
     UNION ALL
     SELECT c.id, v.id, 'contact_id' FROM c
       JOIN visits v ON v.workspace_id = $1 AND v.recipient_id IS NOT NULL AND v.recipient_id = c.contact_id
-                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '90 days'
+                   AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '2160 hours'
     ON CONFLICT DO NOTHING";
