@@ -104,6 +104,14 @@ impl Recorder {
         self.record(took, outcome);
     }
 
+    /// A request answered after its run's end: its latency and a wrong answer are recorded,
+    /// but neither it nor its items count towards the run's rate.
+    pub fn record_late(&mut self, took: Duration, outcome: Result<u64, String>) {
+        let (requests, items) = (self.requests, self.items);
+        self.record_now(took, outcome);
+        (self.requests, self.items) = (requests, items);
+    }
+
     pub fn record(&mut self, took: Duration, outcome: Result<u64, String>) {
         self.latency.saturating_record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1));
         self.requests += 1;
@@ -193,8 +201,10 @@ pub fn round2(x: f64) -> f64 {
 /// targets), and what a right answer is.
 pub type ClosedPlan = Arc<dyn Fn(usize, u64) -> (Planned, Expect) + Send + Sync>;
 
-/// `clients` clients, client c sending to gateway c % targets, until `duration` is over; the
-/// requests in flight then are finished and counted.
+/// `clients` clients, client c sending to gateway c % targets, until `duration` is over. The
+/// rate counts what was answered within `duration`, as wrk does: the requests in flight then
+/// are finished, and their latency and errors recorded, but dividing them by the time the
+/// slowest of them took would make the rate of a slow run a measure of its last straggler.
 pub async fn closed_loop(targets: &[String], clients: usize, duration: Duration, plan: ClosedPlan) -> Measured {
     let started = Instant::now();
     let deadline = started + duration;
@@ -213,7 +223,11 @@ pub async fn closed_loop(targets: &[String], clients: usize, duration: Duration,
                         Ok(answer) => expect.judge(&answer),
                         Err(error) => Err(format!("transport: {error}")),
                     };
-                    recorder.record_now(sent.elapsed(), outcome);
+                    if Instant::now() <= deadline {
+                        recorder.record_now(sent.elapsed(), outcome);
+                    } else {
+                        recorder.record_late(sent.elapsed(), outcome);
+                    }
                 }
                 recorder
             })
@@ -225,7 +239,7 @@ pub async fn closed_loop(targets: &[String], clients: usize, duration: Duration,
             recorder.merge(own);
         }
     }
-    Measured { recorder, elapsed: started.elapsed(), concurrency: format!("{clients} clients") }
+    Measured { recorder, elapsed: deadline - started, concurrency: format!("{clients} clients") }
 }
 
 /// Request number `k` of an open-loop run.
@@ -353,6 +367,17 @@ mod tests {
         assert_eq!(both.recorder.requests, 2);
         let max = both.to_json(Counted::Items)["max_ms"].as_f64().unwrap_or(0.0);
         assert!((max - 500.0).abs() < 1.0, "{max}");
+    }
+
+    #[test]
+    fn an_answer_after_the_run_counts_its_latency_and_error_not_its_items() {
+        let mut recorder = Recorder::new();
+        recorder.record_now(Duration::from_millis(10), Ok(500));
+        recorder.record_late(Duration::from_millis(900), Ok(500));
+        recorder.record_late(Duration::from_millis(20), Err("500 internal_error".into()));
+        assert_eq!((recorder.requests, recorder.items, recorder.errors), (1, 500, 1));
+        assert_eq!(recorder.latency.len(), 3);
+        assert!(recorder.latency.max() >= 900_000, "the straggler's latency is kept");
     }
 
     #[test]
