@@ -9,7 +9,9 @@ use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::ids;
 use intake_common::kafka;
-use intake_common::message::{ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1};
+use intake_common::message::{
+    ChainMerge, ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1,
+};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -143,7 +145,10 @@ impl WriteClient {
             let mut results = Vec::with_capacity(replies.len());
             for (receiver, _guard) in replies {
                 match receiver.await {
-                    Ok(ChunkOutcome::Applied { results: chunk }) => results.push(chunk),
+                    Ok(ChunkOutcome::Applied { results: chunk, merged }) => {
+                        follow_merges(&mut results, &merged);
+                        results.push(chunk);
+                    }
                     Ok(ChunkOutcome::Failed) => return Err(WriteError::Failed),
                     Ok(ChunkOutcome::Expired) => return Err(WriteError::Expired),
                     Err(_) => return Err(WriteError::Timeout),
@@ -278,5 +283,52 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metric
             let WriteReply::V1(reply) = reply;
             let _ = sender.send(reply.outcome);
         }
+    }
+}
+
+/// A later chunk of a request may merge a chain that an earlier chunk's items were answered
+/// with: the answers name each conversion's chain after the whole request.
+fn follow_merges(earlier: &mut [Vec<ItemResult>], merged: &[ChainMerge]) {
+    if merged.is_empty() {
+        return;
+    }
+    let into: HashMap<&str, &str> = merged.iter().map(|m| (m.from.as_str(), m.into.as_str())).collect();
+    for result in earlier.iter_mut().flatten() {
+        if let Some(&chain) = into.get(result.chain_id.as_str()) {
+            result.chain_id = chain.to_owned();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intake_common::message::WriteResult;
+
+    fn answered(chain: &str) -> ItemResult {
+        ItemResult {
+            id: "cnv".into(),
+            event: "lead".into(),
+            external_id: "1".into(),
+            chain_id: chain.into(),
+            result: WriteResult::Created,
+        }
+    }
+
+    fn merge(from: &str, into: &str) -> ChainMerge {
+        ChainMerge { from: from.into(), into: into.into() }
+    }
+
+    #[test]
+    fn earlier_chunks_are_answered_with_the_chain_after_the_request() {
+        let mut results = vec![vec![answered("chn_c"), answered("chn_d")]];
+        follow_merges(&mut results, &[merge("chn_c", "chn_b")]);
+        results.push(vec![answered("chn_b")]);
+        // A third chunk merges the second's chain further; it knows nothing of chn_c, whose
+        // rows the second relabelled.
+        follow_merges(&mut results, &[merge("chn_b", "chn_a")]);
+        let chains: Vec<Vec<&str>> =
+            results.iter().map(|chunk| chunk.iter().map(|r| r.chain_id.as_str()).collect()).collect();
+        assert_eq!(chains, vec![vec!["chn_a", "chn_d"], vec!["chn_a"]]);
     }
 }

@@ -103,7 +103,15 @@ pub struct WriteReplyV1 {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum ChunkOutcome {
     /// The chunk was committed; one result per item, in order.
-    Applied { results: Vec<ItemResult> },
+    Applied {
+        results: Vec<ItemResult>,
+        /// The chains that this chunk, or a chunk applied with it before it, merged into older
+        /// ones, each with the chain it is part of now: the gateway names the chain after the
+        /// whole request in the answers of the request's earlier chunks. Absent from writers
+        /// that predate it, and from the answer to a message applied before (a redelivery).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        merged: Vec<ChainMerge>,
+    },
     /// The chunk was not applied and will not be: it went to the dead-letter topic, or an
     /// earlier chunk of its request did.
     Failed,
@@ -119,6 +127,13 @@ pub struct ItemResult {
     pub external_id: String,
     pub chain_id: String,
     pub result: WriteResult,
+}
+
+/// A chain merged into an older one: `from`'s conversions are now in `into`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainMerge {
+    pub from: String,
+    pub into: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,6 +203,28 @@ mod tests {
         assert_eq!(read.request, Some(RequestPart { id: "r".into(), index: 1 }));
     }
 
+    /// Writers that predate `merged` send none, and gateways that predate it ignore it.
+    #[test]
+    fn the_merged_chains_are_optional_both_ways() {
+        let old = r#"{"v":"1","correlation_id":"c","outcome":{"status":"applied","results":[]}}"#;
+        let read = WriteReply::from_slice(old.as_bytes()).ok();
+        let expected = ChunkOutcome::Applied { results: Vec::new(), merged: Vec::new() };
+        assert_eq!(read, Some(WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome: expected })));
+        let new = old.replace(r#""results":[]"#, r#""results":[],"merged":[{"from":"chn_b","into":"chn_a"}]"#);
+        #[derive(Deserialize)]
+        #[serde(tag = "status", rename_all = "snake_case")]
+        #[allow(dead_code)]
+        enum OldOutcome {
+            Applied { results: Vec<ItemResult> },
+        }
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct OldGateway {
+            outcome: OldOutcome,
+        }
+        assert!(serde_json::from_str::<OldGateway>(&new).is_ok());
+    }
+
     /// serde_json's `arbitrary_precision` (see model/Cargo.toml) cannot read a number that is
     /// not an integer inside an internally tagged enum: every field here must round-trip.
     #[test]
@@ -217,7 +254,13 @@ mod tests {
             chain_id: "c".into(),
             result: WriteResult::Created,
         };
-        for outcome in [ChunkOutcome::Applied { results: vec![result] }, ChunkOutcome::Failed, ChunkOutcome::Expired] {
+        let merged = vec![ChainMerge { from: "chn_b".into(), into: "chn_a".into() }];
+        for outcome in [
+            ChunkOutcome::Applied { results: vec![result.clone()], merged: Vec::new() },
+            ChunkOutcome::Applied { results: vec![result], merged },
+            ChunkOutcome::Failed,
+            ChunkOutcome::Expired,
+        ] {
             let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome });
             let bytes = serde_json::to_vec(&reply).unwrap_or_default();
             assert_eq!(WriteReply::from_slice(&bytes).ok(), Some(reply));

@@ -90,6 +90,23 @@ async fn every_order_of_a_4_stage_journey_inside_one_batch_ends_in_one_chain() {
     }
 }
 
+/// The second chunk of a batch merges the chains of two stages of the first: every stage is
+/// still answered with the journey's one chain.
+#[tokio::test]
+async fn a_journey_across_the_chunks_of_a_batch_is_answered_with_its_one_chain() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let mut items = vec![stage("purchase", "x-p", Some("x-s")), stage("lead", "x-l", None)];
+    items.extend((0..98).map(|i| stage("lead", &format!("filler-{i}"), None)));
+    items.push(stage("signed", "x-s", Some("x-l")));
+    let reply = stack.post("/v1/conversions/batch", &key, &json!({"conversions": items})).await;
+    assert_eq!(reply.body["summary"]["created"], json!(101), "{reply:?}");
+    let stored = chains_of(&key.workspace_id, "x").await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let chain = |index: usize| reply.body["results"][index]["conversion"]["chain_id"].clone();
+    assert_eq!([chain(0), chain(1), chain(100)], [json!(stored[0]), json!(stored[0]), json!(stored[0])]);
+}
+
 #[tokio::test]
 async fn merged_chains_resolve_to_the_oldest() {
     let stack = Stack::start().await;

@@ -196,7 +196,7 @@ fn answer(chunk: Chunk) -> Answer {
     match chunk {
         Chunk::Applied(applied) => Answer {
             label: if applied.first_time { "applied" } else { "already_applied" },
-            outcome: ChunkOutcome::Applied { results: applied.results },
+            outcome: ChunkOutcome::Applied { results: applied.results, merged: applied.merged },
         },
         Chunk::RequestFailed => Answer { outcome: ChunkOutcome::Failed, label: "request_failed" },
     }
@@ -211,7 +211,7 @@ pub fn record(
     outcome: &ChunkOutcome,
 ) {
     metrics.messages.get_or_create(&metrics::Outcome { outcome: label }).inc();
-    if let (ChunkOutcome::Applied { results }, "applied") = (outcome, label) {
+    if let (ChunkOutcome::Applied { results, .. }, "applied") = (outcome, label) {
         for result in results {
             metrics.items.get_or_create(&metrics::ItemResult { result: result.result.as_str() }).inc();
         }

@@ -88,6 +88,8 @@ pub struct Plan {
     pub new_chains: Vec<String>,
     /// (merged chain, chain it went into): every stored row of the first is relabelled.
     pub merges: Vec<(String, String)>,
+    /// Per message, the merges made by the end of it (for its reply).
+    pub merged_by_message: Vec<Vec<(String, String)>>,
 }
 
 /// One item to apply, and when the gateway received it.
@@ -108,6 +110,7 @@ pub struct Item<'a> {
 pub fn plan_chunk(items: &[Item<'_>], message_sizes: &[usize], stored: Vec<StoredConversion>) -> Plan {
     let mut state = ChunkState::new(stored);
     let mut results = Vec::with_capacity(items.len());
+    let mut merged_by_message = Vec::with_capacity(message_sizes.len());
     let mut rest = items;
     for &size in message_sizes {
         let (message, after) = rest.split_at(size.min(rest.len()));
@@ -116,10 +119,11 @@ pub fn plan_chunk(items: &[Item<'_>], message_sizes: &[usize], stored: Vec<Store
         for result in &mut results[first..] {
             result.chain_id = state.chains.find(&result.chain_id);
         }
+        merged_by_message.push(state.chains.merges());
         rest = after;
     }
     debug_assert!(rest.is_empty(), "the message sizes cover every item");
-    state.finish(results)
+    state.finish(results, merged_by_message)
 }
 
 struct ChunkState {
@@ -251,7 +255,7 @@ impl ChunkState {
         oldest
     }
 
-    fn finish(self, results: Vec<ItemResult>) -> Plan {
+    fn finish(self, results: Vec<ItemResult>, merged_by_message: Vec<Vec<(String, String)>>) -> Plan {
         let writes = self
             .changed
             .iter()
@@ -261,7 +265,7 @@ impl ChunkState {
                 Write { row, received_at_ms, rematch: self.rematch.contains(&index) }
             })
             .collect();
-        Plan { results, writes, new_chains: self.new_chains, merges: self.chains.merges() }
+        Plan { results, writes, new_chains: self.new_chains, merges: self.chains.merges(), merged_by_message }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use intake_common::conversion::Conversion;
-use intake_common::message::{ItemResult, RequestPart, WriteRequestV1};
+use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{Postgres, Row, Transaction};
@@ -63,6 +63,8 @@ pub fn connect_lazy(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgP
 
 pub struct Applied {
     pub results: Vec<ItemResult>,
+    /// The chains merged by the end of the message (none for one applied before).
+    pub merged: Vec<ChainMerge>,
     /// False when the message had been applied before and these are its first results.
     pub first_time: bool,
 }
@@ -209,14 +211,17 @@ async fn apply_workspace(
         write_plan(tx, workspace_id, &plan).await?;
         match_visits(tx, workspace_id, &plan.writes).await?;
         let mut results = plan.results.into_iter();
+        let mut merged = plan.merged_by_message.into_iter();
         for request in &fresh {
             let own: Vec<ItemResult> = results.by_ref().take(request.items.len()).collect();
-            fresh_results.insert(request.correlation_id.as_str(), own);
+            let merges = merged.next().unwrap_or_default();
+            let merges = merges.into_iter().map(|(from, into)| ChainMerge { from, into }).collect();
+            fresh_results.insert(request.correlation_id.as_str(), (own, merges));
         }
         let texts: Vec<String> = fresh
             .iter()
             .map(|r| {
-                serde_json::to_string(&fresh_results[r.correlation_id.as_str()]).unwrap_or_else(|_| "[]".to_owned())
+                serde_json::to_string(&fresh_results[r.correlation_id.as_str()].0).unwrap_or_else(|_| "[]".to_owned())
             })
             .collect();
         sqlx::query(
@@ -233,8 +238,8 @@ async fn apply_workspace(
         requests
             .iter()
             .map(|r| match (previous.remove(&r.correlation_id), fresh_results.remove(r.correlation_id.as_str())) {
-                (Some(results), _) => Chunk::Applied(Applied { results, first_time: false }),
-                (None, Some(results)) => Chunk::Applied(Applied { results, first_time: true }),
+                (Some(results), _) => Chunk::Applied(Applied { results, merged: Vec::new(), first_time: false }),
+                (None, Some((results, merged))) => Chunk::Applied(Applied { results, merged, first_time: true }),
                 (None, None) => Chunk::RequestFailed,
             })
             .collect(),

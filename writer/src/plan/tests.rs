@@ -128,6 +128,11 @@ fn each_message_of_a_run_names_the_chains_as_it_left_them() {
     assert_ne!(p, l, "the first message left P and L in chains of their own");
     assert_eq!(db.chains(), BTreeSet::from([s.clone()]), "the second merged them");
     assert!(s == p || s == l);
+    let plan = Db::default().plan(&inputs, &[2, 1]);
+    assert_eq!(plan.merged_by_message[0], Vec::new(), "the first message merged nothing");
+    let merged = &plan.merged_by_message[1];
+    assert_eq!(merged.len(), 1, "{merged:?}");
+    assert_eq!(merged[0].1, plan.results[2].chain_id, "the second message's reply names the merge");
 }
 
 #[test]
