@@ -388,6 +388,21 @@ async fn bodies_over_the_limits_and_unknown_encodings_are_refused() {
     assert_eq!((reply.status, reply.code()), (415, "unsupported_media_type"));
 }
 
+/// serde_json hands a number to a visitor as an object of one name; a client that sends that
+/// object where a number may be is refused like any other object there.
+#[tokio::test]
+async fn an_object_named_like_serde_jsons_numbers_is_not_a_number() {
+    let api = api();
+    let body = r#"{"event": "lead", "external_id": {"$serde_json::private::Number": "42"}, "occurred_at": 1767323045000,
+        "value": {"$serde_json::private::Number": "1"}}"#;
+    let reply = api.post(SINGLE, Some("svc_live_good"), body).await;
+    assert_eq!((reply.status, reply.code()), (422, "validation_failed"), "{:?}", reply.body);
+    let paths: Vec<&str> =
+        reply.body["error"]["details"].as_array().into_iter().flatten().filter_map(|d| d["path"].as_str()).collect();
+    assert_eq!(paths, ["external_id", "value"]);
+    assert!(api.sink.chunks().is_empty());
+}
+
 #[tokio::test]
 async fn a_send_is_created_then_unchanged_then_updated() {
     let api = api();

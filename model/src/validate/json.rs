@@ -165,13 +165,84 @@ impl<'de> Visitor<'de> for JsonVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'de>, A::Error> {
         let mut fields = Vec::new();
         while let Some(name) = map.next_key::<Name<'de>>()? {
-            if fields.is_empty() && name.0 == NUMBER_TOKEN {
-                let text: String = map.next_value()?;
-                return Number::from_str(&text).map(Json::Number).map_err(de::Error::custom);
-            }
-            fields.push((name.0, map.next_value()?));
+            let value = if fields.is_empty() && name.0 == NUMBER_TOKEN {
+                match map.next_value::<TokenValue<'de>>()? {
+                    TokenValue::NumberText(text) => {
+                        return Number::from_str(&text).map(Json::Number).map_err(de::Error::custom)
+                    }
+                    TokenValue::Sent(value) => value,
+                }
+            } else {
+                map.next_value()?
+            };
+            fields.push((name.0, value));
         }
         Ok(Json::Object(Object { fields }))
+    }
+}
+
+/// The value under [`NUMBER_TOKEN`]: the number's text when serde_json hands a number over (an
+/// owned `String`, `visit_string`), or a value the client sent under that name. A string of
+/// the body arrives borrowed or as `visit_str`, never as `visit_string`, so an object that a
+/// client builds with that name stays an object (and an unknown field where a number belongs).
+enum TokenValue<'a> {
+    NumberText(String),
+    Sent(Json<'a>),
+}
+
+impl<'de> Deserialize<'de> for TokenValue<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TokenValueVisitor)
+    }
+}
+
+struct TokenValueVisitor;
+
+impl<'de> Visitor<'de> for TokenValueVisitor {
+    type Value = TokenValue<'de>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        JsonVisitor.expecting(formatter)
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<TokenValue<'de>, E> {
+        Ok(TokenValue::NumberText(text))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_unit().map(TokenValue::Sent)
+    }
+
+    fn visit_bool<E: de::Error>(self, flag: bool) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_bool(flag).map(TokenValue::Sent)
+    }
+
+    fn visit_u64<E: de::Error>(self, integer: u64) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_u64(integer).map(TokenValue::Sent)
+    }
+
+    fn visit_i64<E: de::Error>(self, integer: i64) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_i64(integer).map(TokenValue::Sent)
+    }
+
+    fn visit_f64<E: de::Error>(self, float: f64) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_f64(float).map(TokenValue::Sent)
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_borrowed_str(text).map(TokenValue::Sent)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<TokenValue<'de>, E> {
+        JsonVisitor.visit_str(text).map(TokenValue::Sent)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<TokenValue<'de>, A::Error> {
+        JsonVisitor.visit_seq(seq).map(TokenValue::Sent)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<TokenValue<'de>, A::Error> {
+        JsonVisitor.visit_map(map).map(TokenValue::Sent)
     }
 }
 
@@ -210,6 +281,19 @@ mod tests {
 
     fn parse(text: &str) -> Json<'_> {
         Json::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    /// The name serde_json gives a number inside, sent by a client, is an ordinary object.
+    #[test]
+    fn an_object_named_like_a_number_stays_an_object() {
+        for body in [
+            r#"{"$serde_json::private::Number": "42"}"#,
+            r#"{"$serde_json::private::Number": "4\u0032"}"#,
+            r#"{"$serde_json::private::Number": 42, "other": 1}"#,
+        ] {
+            let Json::Object(object) = parse(body) else { panic!("{body}: an object") };
+            assert!(object.get(NUMBER_TOKEN).is_some(), "{body}");
+        }
     }
 
     #[test]
