@@ -59,6 +59,10 @@ pub struct CacheSettings {
     /// had (a revocation cannot be read from a database that does not answer either): a
     /// database outage then delays writes instead of refusing every key not in the cache.
     pub stale_ttl: Duration,
+    /// How long a look-up may take, its connection included. A database that takes the query
+    /// and does not answer (a lock, a stalled disk, a host gone without a reset) would hold it
+    /// for as long as TCP waits; past this the look-up has failed and the last answer serves.
+    pub lookup_timeout: Duration,
 }
 
 struct Expiry(CacheSettings);
@@ -77,6 +81,7 @@ pub struct Authenticator {
     cache: Cache<[u8; 32], Lookup>,
     /// The last answer PostgreSQL gave for each known key, for when it cannot be asked.
     last_known: Cache<[u8; 32], Lookup>,
+    lookup_timeout: Duration,
     metrics: Metrics,
 }
 
@@ -89,7 +94,7 @@ impl Authenticator {
             .max_capacity(settings.capacity)
             .time_to_live(settings.stale_ttl.saturating_sub(settings.ttl))
             .build();
-        Authenticator { pool, cache, last_known, metrics }
+        Authenticator { pool, cache, last_known, lookup_timeout: settings.lookup_timeout, metrics }
     }
 
     async fn look_up(&self, authorization: Option<&http::HeaderValue>) -> Result<Principal, ApiError> {
@@ -140,7 +145,9 @@ impl Authenticator {
     }
 
     async fn fetch(&self, digest: &[u8; 32]) -> Result<Lookup, sqlx::Error> {
-        let lookup = self.query(digest).await?;
+        let lookup = tokio::time::timeout(self.lookup_timeout, self.query(digest)).await.map_err(|_| {
+            sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "the key look-up timed out"))
+        })??;
         self.last_known.insert(*digest, lookup.clone()).await;
         Ok(lookup)
     }
@@ -233,6 +240,7 @@ mod tests {
             unknown_ttl: Duration::from_secs(1),
             capacity: 10,
             stale_ttl: Duration::from_secs(600),
+            lookup_timeout: Duration::from_secs(3),
         };
         let expiry = Expiry(settings);
         let principal = Principal { key_id: "k".into(), workspace_id: "w".into(), scopes: Arc::new([]) };

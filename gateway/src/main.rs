@@ -80,7 +80,7 @@ struct Config {
     /// refusing every key); at most 10 minutes, and longer than the cache's time; 0 for none.
     #[arg(long, env = "INTAKE_AUTH_STALE_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     auth_stale_ttl_ms: u64,
-    /// How long a request waits for a database connection (a key look-up); past it the look-up
+    /// How long a key look-up may take, its database connection included; past it the look-up
     /// has failed, and the key's last known answer is used.
     #[arg(long, env = "INTAKE_DATABASE_ACQUIRE_TIMEOUT_MS", default_value_t = 3_000)]
     database_acquire_timeout_ms: u64,
@@ -266,6 +266,7 @@ async fn main() -> anyhow::Result<()> {
         unknown_ttl: ms(config.unknown_key_cache_ttl_ms),
         capacity: config.key_cache_capacity,
         stale_ttl: ms(config.auth_stale_ttl_ms),
+        lookup_timeout: ms(config.database_acquire_timeout_ms),
     };
     let state = Arc::new(AppState {
         auth: Arc::new(auth::Authenticator::new(pool.clone(), key_cache, metrics.clone())),
