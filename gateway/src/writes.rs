@@ -14,7 +14,7 @@ use intake_common::message::{
 };
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,10 +29,10 @@ pub const REQUEST_ID_HEADER: &str = "request_id";
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The chunks waiting for their reply. A chunk whose request gave up stays until its reply comes
-/// (or [`FORGET_AFTER`]), so that it keeps counting against its workspace's admission.
+/// (or [`FORGET_AFTER`]), so that it keeps counting against its workspace's admission; one that
+/// Kafka did not take is forgotten at once, as no reply can come to it.
 struct Waiting {
     chunks: HashMap<String, Pending>,
-    last_sweep: Instant,
 }
 
 struct Pending {
@@ -43,8 +43,12 @@ struct Pending {
 }
 
 /// How long a chunk whose request gave up is remembered without a reply: replies come even to
-/// late chunks, so this only bounds what a lost reply holds.
-const FORGET_AFTER: Duration = Duration::from_secs(300);
+/// late chunks, so this only bounds what a lost reply holds (a writer that could not send it):
+/// its workspace's writes are refused as behind until then.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+/// How often the chunks past [`FORGET_AFTER`] are let go: on a clock of its own, as a workspace
+/// refused as behind sends nothing that could trigger it.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 type Shared = Arc<Mutex<Waiting>>;
 
@@ -87,8 +91,9 @@ impl WriteClient {
         consumer.assign(&assignment)?;
         tracing::info!(%topic, reply_partition, offset = high, "reading replies");
 
-        let waiting = Arc::new(Mutex::new(Waiting { chunks: HashMap::new(), last_sweep: Instant::now() }));
+        let waiting = Arc::new(Mutex::new(Waiting { chunks: HashMap::new() }));
         tokio::spawn(dispatch_replies(consumer.clone(), waiting.clone(), metrics));
+        tokio::spawn(forget_lost_replies(Arc::downgrade(&waiting)));
         Ok(Arc::new(WriteClient {
             producer,
             consumer,
@@ -116,9 +121,8 @@ impl WriteClient {
         let mut replies = Vec::with_capacity(chunks.len());
         for (index, items) in (0u32..).zip(chunks) {
             let correlation_id = ids::correlation_id();
-            let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone(), ticket.cloned());
             let request = WriteRequest::V1(WriteRequestV1 {
-                correlation_id,
+                correlation_id: correlation_id.clone(),
                 reply_partition: self.reply_partition,
                 deadline_ms,
                 received_at_ms,
@@ -127,20 +131,23 @@ impl WriteClient {
                 request: Some(RequestPart { id: request_id.to_owned(), index }),
             });
             let payload = serde_json::to_vec(&request).map_err(|e| WriteError::Produce(e.to_string()))?;
+            let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone(), ticket.cloned());
             let headers = OwnedHeaders::new().insert(Header { key: REQUEST_ID_HEADER, value: Some(request_id) });
             let record = FutureRecord::to(&self.requests_topic).key(workspace_id).payload(&payload).headers(headers);
-            let delivery =
-                self.producer.send_result(record).map_err(|(error, _)| WriteError::Produce(error.to_string()))?;
-            deliveries.push(delivery);
+            let delivery = match self.producer.send_result(record) {
+                Ok(delivery) => delivery,
+                Err((error, _)) => {
+                    lock(&self.waiting).chunks.remove(&correlation_id);
+                    return Err(WriteError::Produce(error.to_string()));
+                }
+            };
+            // Its own task: a chunk Kafka refuses after this request gave up is forgotten too.
+            deliveries.push(tokio::spawn(delivered(delivery, self.waiting.clone(), correlation_id)));
             replies.push((receiver, guard));
         }
         let all = async {
             for delivery in deliveries {
-                match delivery.await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err((error, _))) => return Err(WriteError::Produce(error.to_string())),
-                    Err(_) => return Err(WriteError::Produce("the producer dropped the message".into())),
-                }
+                delivery.await.unwrap_or_else(|error| Err(WriteError::Produce(error.to_string())))?;
             }
             let mut results = Vec::with_capacity(replies.len());
             for (receiver, _guard) in replies {
@@ -229,13 +236,8 @@ impl PendingGuard {
         ticket: Option<WorkspaceTicket>,
     ) -> (oneshot::Receiver<ChunkOutcome>, Self) {
         let (sender, receiver) = oneshot::channel();
-        let mut map = lock(waiting);
-        let now = Instant::now();
-        if now.duration_since(map.last_sweep) >= Duration::from_secs(1) {
-            map.last_sweep = now;
-            map.chunks.retain(|_, pending| pending.sender.is_some() || pending.sent_at.elapsed() < FORGET_AFTER);
-        }
-        map.chunks.insert(correlation_id.clone(), Pending { sender: Some(sender), sent_at: now, ticket });
+        let pending = Pending { sender: Some(sender), sent_at: Instant::now(), ticket };
+        lock(waiting).chunks.insert(correlation_id.clone(), pending);
         (receiver, PendingGuard { waiting: waiting.clone(), correlation_id })
     }
 }
@@ -252,6 +254,31 @@ impl Drop for PendingGuard {
             None => {}
         }
     }
+}
+
+/// Lets go of the chunks whose request gave up and whose reply has not come within
+/// [`FORGET_AFTER`], until the client is dropped.
+async fn forget_lost_replies(waiting: std::sync::Weak<Mutex<Waiting>>) {
+    let mut ticks = tokio::time::interval(SWEEP_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(waiting) = waiting.upgrade() else { return };
+        lock(&waiting).chunks.retain(|_, pending| pending.sender.is_some() || pending.sent_at.elapsed() < FORGET_AFTER);
+    }
+}
+
+/// Kafka's answer to one chunk. A chunk it did not take gets no reply, so it is forgotten at
+/// once: it would otherwise hold its workspace's admission, and refuse its writes as behind,
+/// long after Kafka is back.
+async fn delivered(delivery: DeliveryFuture, waiting: Shared, correlation_id: String) -> Result<(), WriteError> {
+    let error = match delivery.await {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err((error, _))) => error.to_string(),
+        Err(_) => "the producer dropped the message".to_owned(),
+    };
+    lock(&waiting).chunks.remove(&correlation_id);
+    Err(WriteError::Produce(error))
 }
 
 async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metrics: Metrics) {

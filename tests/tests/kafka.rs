@@ -115,3 +115,37 @@ async fn a_writer_stopped_with_sigterm_while_every_broker_is_down_exits_in_bound
     // The default shutdown timeout is 10 s; the commit and the group leave wait at most that.
     assert!(took < Duration::from_secs(15), "exited after {took:?}");
 }
+
+/// A write that Kafka never took gets no reply: once the brokers are back, its workspace's
+/// writes are admitted at once, not refused as behind for as long as that lost chunk would be
+/// remembered.
+#[tokio::test]
+async fn a_workspace_that_wrote_while_every_broker_was_down_writes_again_once_they_are_back() {
+    let cluster = KafkaCluster::start();
+    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), replication: 3, ..unlimited() };
+    let stack = Stack::start_with(options).await;
+    let (key, fresh) = (stack.workspace(), stack.workspace());
+    assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
+    cluster.kill_all();
+    let during = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
+    assert!(!(200..300).contains(&during.status), "no broker took it: {} {}", during.status, during.body);
+
+    cluster.restart_stopped();
+    // Kafka takes writes again: a workspace that sent nothing during the outage gets through.
+    let back = Instant::now();
+    loop {
+        let reply = stack.post("/v1/conversions", &fresh, &intake_tests::conversion("lead")).await;
+        if reply.status == 201 {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(60),
+            "Kafka never took writes again: {} {}",
+            reply.status,
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reply = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
+    assert_eq!(reply.status, 201, "the workspace that wrote during the outage: {}", reply.body);
+}
