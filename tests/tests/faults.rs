@@ -200,10 +200,13 @@ impl Drop for PrivatePostgres {
 #[tokio::test]
 async fn a_database_outage_delays_writes_and_loses_none() {
     let postgres = PrivatePostgres::start_new();
+    // A stall timeout longer than the retries' longest pause (5 s), short enough to pass here.
+    let stall = Duration::from_secs(6);
     let options = StackOptions {
         database_url: Some(postgres.url()),
         write_timeout_ms: 2_000,
         gateway_args: no_reply_stall(),
+        writer_args: vec!["--stall-timeout-ms".into(), stall.as_millis().to_string()],
         ..Default::default()
     };
     postgres.migrate();
@@ -212,6 +215,7 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
 
     postgres.stop();
+    let outage = std::time::Instant::now();
     let mut during = Vec::new();
     for attempt in 0..3 {
         let input = conversion("lead");
@@ -226,6 +230,20 @@ async fn a_database_outage_delays_writes_and_loses_none() {
             _ => assert_eq!((reply.status, reply.error_code()), (503, "service_unavailable")),
         }
     }
+    // The writer has work it cannot do: not ready once the stall timeout is over, but alive, so
+    // that no orchestrator restarts it for an outage a restart cannot end.
+    let ops = |path: &'static str| {
+        let url = format!("{}{path}", stack.writer_ops_urls[0]);
+        let http = stack.http.clone();
+        async move {
+            let Ok(response) = http.get(url).send().await else { return (0, String::new()) };
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        }
+    };
+    let stalled = || async { ops("/readyz").await == (503, r#"{"status":"not_ready","reason":"stalled"}"#.into()) };
+    wait_until("the writer stalled", stall + Duration::from_secs(10), stalled).await;
+    assert!(outage.elapsed() > stall, "stalled only past the stall timeout");
+    assert_eq!(ops("/healthz").await.0, 200, "a writer waiting out a database outage is alive");
     postgres.start();
 
     let db = sqlx::postgres::PgPoolOptions::new()
@@ -337,4 +355,45 @@ async fn a_key_keeps_its_last_answer_through_a_database_outage_for_the_stale_tim
         at >= stale.saturating_sub(Duration::from_millis(1_500)),
         "refused {at:?} after the last answer: the stale time was cut short"
     );
+}
+
+/// A database that takes the key look-up and does not answer it (here a lock held on the keys;
+/// a stalled disk or a host gone without a reset look the same) holds no request past the
+/// look-up timeout: the key's last answer serves it.
+#[tokio::test]
+async fn a_key_look_up_the_database_does_not_answer_is_served_from_the_last_answer() {
+    let postgres = PrivatePostgres::start_new();
+    postgres.migrate();
+    let options = StackOptions {
+        database_url: Some(postgres.url()),
+        auth_cache_ttl_ms: 500,
+        gateway_args: vec!["--database-acquire-timeout-ms".into(), "300".into()],
+        ..Default::default()
+    };
+    let stack = Stack::start_with(options).await;
+    let key = stack.workspace();
+    let body = intake_tests::serde_json::json!({"conversions": [conversion("lead")]});
+    let validate = || stack.post("/v1/conversions/validate", &key, &body);
+    assert_eq!(validate().await.status, 200);
+
+    let db = sqlx::PgPool::connect(&postgres.url()).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut lock = db.begin().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Past the cache time every request needs a look-up, and each one waits on the lock.
+    let locked = std::time::Instant::now();
+    while locked.elapsed() < Duration::from_secs(3) {
+        let sent = std::time::Instant::now();
+        let reply = validate().await;
+        let took = sent.elapsed();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert!(took < Duration::from_secs(2), "a request waited {took:?} on a look-up the database did not answer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lock.rollback().await.unwrap_or_else(|e| panic!("{e}"));
+    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
+    let text = metrics.text().await.unwrap_or_default();
+    assert!(text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)), "{text}");
 }

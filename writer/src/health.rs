@@ -74,6 +74,13 @@ impl Health {
         stalled
     }
 
+    /// Stalled, and not because PostgreSQL or Kafka is away: an outage is waited out (its
+    /// retries came within the stall timeout), and restarting the writer would not end it.
+    pub fn stuck(&self) -> bool {
+        let since_outage = metrics::unix_seconds() - self.metrics.last_outage_retry.get();
+        self.stalled() && since_outage >= self.stall_timeout.as_secs_f64()
+    }
+
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
@@ -191,6 +198,10 @@ mod tests {
         assert_eq!(health.ready(), Ok(()), "work that just arrived on an idle partition is no stall");
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(health.ready(), Err(NotReady::Stalled));
+        health.metrics.last_outage_retry.set(metrics::unix_seconds());
+        assert!(health.stalled() && !health.stuck(), "an outage being waited out is no reason to restart");
+        health.metrics.last_outage_retry.set(metrics::unix_seconds() - 1.0);
+        assert!(health.stuck(), "an outage over for longer than the stall timeout");
         health.progressed(1);
         assert_eq!(health.ready(), Ok(()), "progress clears the stall");
         health.revoked([1].into_iter());

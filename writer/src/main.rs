@@ -72,7 +72,8 @@ enum Command {
         #[arg(long, env = "INTAKE_WRITER_OPS_LISTEN", default_value = "127.0.0.1:8091")]
         ops_listen: std::net::SocketAddr,
         /// A writer holding partitions with lag and no progress for this long is stalled: not
-        /// ready, not healthy (an orchestrator restarts it), intake_writer_stalled = 1.
+        /// ready, intake_writer_stalled = 1, and not healthy (an orchestrator restarts it)
+        /// unless it retried an outage of PostgreSQL or Kafka within this time.
         #[arg(long, env = "INTAKE_WRITER_STALL_TIMEOUT_MS", default_value_t = 60_000)]
         stall_timeout_ms: u64,
         /// Workspaces applied at once (lanes), each on a database connection of its own while it

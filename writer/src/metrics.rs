@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Partition {
@@ -52,6 +53,9 @@ pub struct Metrics {
     /// Seconds to apply one group of messages (one transaction).
     pub apply_seconds: Histogram,
     pub transient_retries: Family<What, Counter>,
+    /// Unix time in seconds of the last retry of an outage (PostgreSQL or Kafka away), 0 before
+    /// any: a writer waiting one out is not stuck, and no restart would help it.
+    pub last_outage_retry: Gauge<f64, AtomicU64>,
     pub dead_lettered: Family<Reason, Counter>,
     /// Replies that could not be delivered and were given up on (the gateway answered 500).
     pub replies_dropped: Counter,
@@ -78,6 +82,7 @@ impl Metrics {
             items: Family::default(),
             apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             transient_retries: Family::default(),
+            last_outage_retry: Gauge::default(),
             dead_lettered: Family::default(),
             replies_dropped: Counter::default(),
             applied_messages_rows: Gauge::default(),
@@ -98,6 +103,11 @@ impl Metrics {
         );
         registry.register("group_members", "Writers in the consumer group", metrics.group_members.clone());
         registry.register("stalled", "1 while partitions with lag make no progress", metrics.stalled.clone());
+        registry.register(
+            "last_outage_retry_seconds",
+            "Unix time of the last retry of an outage (PostgreSQL or Kafka away)",
+            metrics.last_outage_retry.clone(),
+        );
         registry.register("messages", "Request messages answered, by outcome", metrics.messages.clone());
         registry.register("items", "Conversions applied, by result", metrics.items.clone());
         registry.register("apply_seconds", "Time to apply one group of messages", metrics.apply_seconds.clone());
@@ -140,4 +150,9 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
     }
+}
+
+/// Now, in seconds since the Unix epoch.
+pub fn unix_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |since| since.as_secs_f64())
 }

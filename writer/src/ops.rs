@@ -1,5 +1,6 @@
-//! The writer's ops port: `/healthz` (alive and not stalled: a liveness probe restarts a stalled
-//! writer), `/readyz` (in the group, not stalled, not shutting down) and Prometheus `/metrics`.
+//! The writer's ops port: `/healthz` (alive and not stalled, unless it waits out an outage: a
+//! liveness probe restarts a stalled writer, and a restart cures no outage), `/readyz` (in the
+//! group, not stalled, not shutting down) and Prometheus `/metrics`.
 
 use crate::health::{Health, NotReady};
 use bytes::Bytes;
@@ -27,7 +28,7 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>) {
 
 fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
-        "/healthz" if health.stalled() => (503, "application/json", r#"{"status":"stalled"}"#.to_owned()),
+        "/healthz" if health.stuck() => (503, "application/json", r#"{"status":"stalled"}"#.to_owned()),
         "/healthz" => (200, "application/json", r#"{"status":"ok"}"#.to_owned()),
         "/readyz" => match health.ready() {
             Ok(()) => (200, "application/json", r#"{"status":"ready"}"#.to_owned()),

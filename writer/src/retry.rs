@@ -173,6 +173,7 @@ impl Policy {
                 Failure::Busy => return Err(Stop::Busy { error }),
                 Failure::Outage | Failure::MaybeOutage => {
                     metrics.transient_retries.get_or_create(&crate::metrics::What { what }).inc();
+                    metrics.last_outage_retry.set(crate::metrics::unix_seconds());
                     tracing::warn!(%error, what, attempts, "unavailable; retrying");
                     if until.is_some_and(|until| Instant::now() + backoff > until) {
                         return Err(Stop::GaveUp { error, attempts });
