@@ -106,6 +106,16 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
     assert!(status.is_some_and(|s| s.success()), "the gateway exited cleanly: {status:?}");
 }
 
+/// The gateway's metrics count answers given from a key's last known answer.
+async fn assert_answered_from_last_known_keys(stack: &Stack) {
+    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
+    let text = metrics.text().await.unwrap_or_default();
+    assert!(
+        text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)),
+        "the gateway answered from the last known key while the database did not: {text}"
+    );
+}
+
 /// A PostgreSQL server of the test's own, so that stopping it disturbs no other test.
 struct PrivatePostgres {
     data: std::path::PathBuf,
@@ -285,12 +295,7 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     assert_eq!(count().await, during.len() as i64, "every write sent during the outage is stored after the re-send");
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
     assert!(stack.logs().contains("unavailable; retrying"), "the writer said it waits for the database");
-    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
-    let text = metrics.text().await.unwrap_or_default();
-    assert!(
-        text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)),
-        "the gateway answered from the last known key while the database was away: {text}"
-    );
+    assert_answered_from_last_known_keys(&stack).await;
 }
 
 #[tokio::test]
@@ -343,9 +348,7 @@ async fn a_key_keeps_its_last_answer_through_a_database_outage_for_the_stale_tim
         served_from_memory.iter().any(|served| *served > cache + Duration::from_millis(100)),
         "the key was served from its last answer during the outage: {served_from_memory:?}"
     );
-    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
-    let text = metrics.text().await.unwrap_or_default();
-    assert!(text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)), "{text}");
+    assert_answered_from_last_known_keys(&stack).await;
     let last_served = served_from_memory.iter().max().copied().unwrap_or_default();
     assert!(
         last_served <= stale + Duration::from_millis(300),
@@ -393,7 +396,5 @@ async fn a_key_look_up_the_database_does_not_answer_is_served_from_the_last_answ
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     lock.rollback().await.unwrap_or_else(|e| panic!("{e}"));
-    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
-    let text = metrics.text().await.unwrap_or_default();
-    assert!(text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)), "{text}");
+    assert_answered_from_last_known_keys(&stack).await;
 }
