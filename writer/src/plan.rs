@@ -5,7 +5,7 @@
 
 use intake_common::conversion::Conversion;
 use intake_common::ids;
-use intake_common::message::{ItemResult, WriteResult};
+use intake_common::message::{ChainMerge, ItemResult, WriteResult};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The stored values of a conversion that a send can change.
@@ -89,7 +89,7 @@ pub struct Plan {
     /// (merged chain, chain it went into): every stored row of the first is relabelled.
     pub merges: Vec<(String, String)>,
     /// Per message, the merges made by the end of it (for its reply).
-    pub merged_by_message: Vec<Vec<(String, String)>>,
+    pub merged_by_message: Vec<Vec<ChainMerge>>,
 }
 
 /// One item to apply, and when the gateway received it.
@@ -119,7 +119,8 @@ pub fn plan_chunk(items: &[Item<'_>], message_sizes: &[usize], stored: Vec<Store
         for result in &mut results[first..] {
             result.chain_id = state.chains.find(&result.chain_id);
         }
-        merged_by_message.push(state.chains.merges());
+        let merged = state.chains.merges().into_iter().map(|(from, into)| ChainMerge { from, into });
+        merged_by_message.push(merged.collect());
         rest = after;
     }
     debug_assert!(rest.is_empty(), "the message sizes cover every item");
@@ -255,7 +256,7 @@ impl ChunkState {
         oldest
     }
 
-    fn finish(self, results: Vec<ItemResult>, merged_by_message: Vec<Vec<(String, String)>>) -> Plan {
+    fn finish(self, results: Vec<ItemResult>, merged_by_message: Vec<Vec<ChainMerge>>) -> Plan {
         let writes = self
             .changed
             .iter()

@@ -214,9 +214,7 @@ async fn apply_workspace(
         let mut merged = plan.merged_by_message.into_iter();
         for request in &fresh {
             let own: Vec<ItemResult> = results.by_ref().take(request.items.len()).collect();
-            let merges = merged.next().unwrap_or_default();
-            let merges = merges.into_iter().map(|(from, into)| ChainMerge { from, into }).collect();
-            fresh_results.insert(request.correlation_id.as_str(), (own, merges));
+            fresh_results.insert(request.correlation_id.as_str(), (own, merged.next().unwrap_or_default()));
         }
         let texts: Vec<String> = fresh
             .iter()

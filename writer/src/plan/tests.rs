@@ -132,7 +132,7 @@ fn each_message_of_a_run_names_the_chains_as_it_left_them() {
     assert_eq!(plan.merged_by_message[0], Vec::new(), "the first message merged nothing");
     let merged = &plan.merged_by_message[1];
     assert_eq!(merged.len(), 1, "{merged:?}");
-    assert_eq!(merged[0].1, plan.results[2].chain_id, "the second message's reply names the merge");
+    assert_eq!(merged[0].into, plan.results[2].chain_id, "the second message's reply names the merge");
 }
 
 #[test]
