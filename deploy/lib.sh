@@ -338,3 +338,6 @@ build() {
 }
 
 BIN="$CARGO_TARGET_DIR/debug"
+
+# The HA layout of PostgreSQL (deploy/up.sh --ha).
+source "$REPO/deploy/ha.sh"
