@@ -1,21 +1,22 @@
-"""The hashing helper against the repository's normalization vectors (those marked `client`)."""
+"""The hashing helper against the repository's normalization vectors (those marked `client`), and
+every phone vector sent raw."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from intake_client import hash_address, hash_email, hash_phone, prehash
-from intake_client.hashing import normalize_address, normalize_email, normalize_phone, sha256_hex
+import intake_client
+from intake_client import hash_address, hash_email, prehash
+from intake_client.hashing import normalize_address, normalize_email, sha256_hex
 
 
 def normalized_and_hash(case: dict[str, Any]) -> tuple[str | None, str | None]:
     kind, raw = case["kind"], case["input"]
     if kind == "email":
         return normalize_email(raw), hash_email(raw)
-    if kind == "phone":
-        return normalize_phone(raw), hash_phone(raw)
     if kind == "address":
         country = raw.get("country") or case.get("country")
         return normalize_address(raw["line1"], raw["zip"], country), hash_address(raw["line1"], raw["zip"], country)
@@ -24,7 +25,7 @@ def normalized_and_hash(case: dict[str, Any]) -> tuple[str | None, str | None]:
 
 def test_every_client_vector(vectors: list[dict[str, Any]]) -> None:
     cases = [c for c in vectors if c.get("client")]
-    assert {c["kind"] for c in cases} >= {"email", "address", "phone"}, "the vectors cover every helper"
+    assert {c["kind"] for c in cases} == {"email", "address"}, "the vectors cover every helper, and no phone"
     failures = []
     for case in cases:
         got = normalized_and_hash(case)
@@ -55,10 +56,18 @@ def test_email_rules() -> None:
         assert normalize_email(bad) is None, bad
 
 
-def test_phone_only_when_e164() -> None:
-    assert hash_phone("+14155552671") == sha256_hex("+14155552671")
-    for other in ["14155552671", "+1 415 555 2671", "(415) 555-2671", "+", "+1415555267１", " +14155552671", "+0123456789", "+1234567890123456"]:
-        assert hash_phone(other) is None, other
+def test_every_phone_is_sent_raw(vectors: list[dict[str, Any]]) -> None:
+    phones = [c for c in vectors if c["kind"] == "phone"]
+    # The trap is a `+digits` phone that looks like E.164 and is not what the gateway stores.
+    e164_form = re.compile(r"\+[1-9][0-9]{1,14}")
+    assert any(e164_form.fullmatch(c["input"]) and c["normalized"] != c["input"] for c in phones)
+    assert any(e164_form.fullmatch(c["input"]) and c["warning"] == "phone_unparseable" for c in phones)
+    for case in phones:
+        sent = {"event": "lead", "external_id": 1, "occurred_at": 1, "phone": case["input"]}
+        if case["country"] is not None:
+            sent["country"] = case["country"]
+        assert prehash(sent) == sent, case["name"]
+    assert not any(hasattr(intake_client.hashing, name) for name in ["hash_phone", "normalize_phone"])
 
 
 def test_address_rules() -> None:
@@ -88,9 +97,9 @@ def test_prehash_replaces_raw_identifiers() -> None:
         "event": "lead",
         "external_id": 1,
         "occurred_at": 1_700_000_000_000,
+        "phone": "+14155552671",
         "country": "GB",
         "email_sha256": sha256_hex("ann@example.com"),
-        "phone_sha256": sha256_hex("+14155552671"),
         "address_sha256": sha256_hex("10 downing street|sw1a 2aa|GB"),
     }
     assert "email" in sent, "the input is left as it was"

@@ -99,11 +99,25 @@ def test_prehashed_identifiers_equal_the_gateways_own_hashes(client: IntakeClien
     )
     assert client.send(raw).result == "created"
     hashed = prehash(raw)
-    assert not {"email", "phone", "address"} & set(hashed)
+    assert not {"email", "address"} & set(hashed) and hashed["phone"] == raw["phone"]
     # The gateway hashed the raw values; the same pair sent with the client's hashes changes
     # nothing only if every hash is the same.
     assert client.send(hashed).result == "unchanged"
     assert client.send({**hashed, "email_sha256": "0" * 64}).result == "updated"
+
+
+@pytest.mark.parametrize(
+    ("phone", "country"),
+    [("+4402079460958", None), ("+1415555267", None), ("+491701234567", "US")],
+)
+def test_prehash_stores_a_plus_digits_phone_as_the_gateway_does(
+    client: IntakeClient, phone: str, country: str | None
+) -> None:
+    # `+digits` that the gateway normalizes otherwise or refuses: hashed as it is, it would be
+    # stored apart from the same phone sent raw.
+    raw = conversion("lead", phone=phone, **({"country": country} if country else {}))
+    assert client.send(raw).result == "created"
+    assert client.send(prehash(raw)).result == "unchanged"
 
 
 def test_raw_and_hashed_form_together_is_refused(client: IntakeClient) -> None:

@@ -13,13 +13,6 @@ export declare function sha256Hex(text: string): string;
  */
 export declare function normalizeEmail(raw: string): string | null;
 /**
- * The phone when it is already E.164 (`+`, then 2 to 15 ASCII digits not starting with 0, nothing
- * else); null otherwise: send it raw for the gateway to normalize. Only the form is checked: a
- * number with its national trunk prefix after the country code (`+4402079460958`) is not E.164,
- * and its hash would not be the gateway's.
- */
-export declare function normalizePhone(raw: string): string | null;
-/**
  * `line1|zip|COUNTRY` as the gateway hashes it: line and zip lower-cased, ASCII punctuation and
  * white space to single spaces, trimmed; a US ZIP+4 cut to its 5 digits. `country` is the
  * address's country, else the conversion's, else `US`. Null when the gateway could not use it
@@ -29,14 +22,12 @@ export declare function normalizePhone(raw: string): string | null;
 export declare function normalizeAddress(line1: string, zip: string, country?: string | null): string | null;
 /** `email_sha256` of an email, or null when the gateway could not use it either. */
 export declare function hashEmail(raw: string): string | null;
-/** `phone_sha256` of a phone already in E.164 form, else null (send it raw). */
-export declare function hashPhone(raw: string): string | null;
 /** `address_sha256` of an address, or null when the gateway could not use it either. */
 export declare function hashAddress(line1: string, zip: string, country?: string | null): string | null;
 /**
- * A copy of the conversion whose email, address, and phone when in E.164 form, are replaced by
- * their hashes, so that they never leave your servers raw. An email or an address that the
- * gateway could not use either is left out (the gateway would drop it with a warning). A phone
- * in any other form stays raw for the gateway to normalize.
+ * A copy of the conversion whose email and address are replaced by their hashes, so that they
+ * never leave your servers raw. An email or an address that the gateway could not use either is
+ * left out (the gateway would drop it with a warning). The phone stays raw, for the gateway to
+ * normalize and hash (see the top of this file).
  */
 export declare function prehash(conversion: ConversionInput): ConversionInput;

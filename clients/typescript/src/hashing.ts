@@ -1,8 +1,12 @@
-// Normalization and SHA-256 hashing of identifiers, exactly as the gateway does it, so that a
-// conversion can carry `email_sha256`, `phone_sha256` and `address_sha256` instead of the raw
-// values (the rules: docs/normalization.md of the repository). Phones are hashed only when
-// already in E.164 form (`+` then digits): any other phone needs the gateway's phone-number
-// library to be normalized and goes to the gateway raw.
+// Normalization and SHA-256 hashing of emails and addresses, exactly as the gateway does it, so
+// that a conversion can carry `email_sha256` and `address_sha256` instead of the raw values (the
+// rules: docs/normalization.md of the repository).
+//
+// Phones are never hashed here. The gateway's E.164 text of a phone comes from its phone-number
+// library and depends on the conversion's country, even for a phone that starts with `+`
+// (`+4402079460958` is stored as `+442079460958`; `+491701234567` sent with country `US` as
+// `+49701234567`). A hash made here could differ from it, match nothing and escape an erasure by
+// `--phone`, so a phone goes to the gateway raw.
 
 import { createHash } from "node:crypto";
 import type { ConversionInput } from "./models.js";
@@ -16,8 +20,6 @@ export const WHITE_SPACE =
   "\u2028\u2029\u202f\u205f\u3000";
 const whiteSpace = new Set(WHITE_SPACE);
 const asciiPunctuation = new Set("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~");
-// E.164: `+`, a country code that does not start with 0, at most 15 digits in all.
-const e164 = /^\+[1-9][0-9]{1,14}$/;
 const countryCode = /^[A-Za-z]{2}$/;
 // Postal code shapes the gateway checks, on canonical (lower-case, single-spaced) text; ASCII
 // digits only. Any other country's zip is accepted.
@@ -94,16 +96,6 @@ export function normalizeEmail(raw: string): string | null {
   return email;
 }
 
-/**
- * The phone when it is already E.164 (`+`, then 2 to 15 ASCII digits not starting with 0, nothing
- * else); null otherwise: send it raw for the gateway to normalize. Only the form is checked: a
- * number with its national trunk prefix after the country code (`+4402079460958`) is not E.164,
- * and its hash would not be the gateway's.
- */
-export function normalizePhone(raw: string): string | null {
-  return e164.test(raw) ? raw : null;
-}
-
 function canonicalText(raw: string): string {
   const words: string[] = [];
   let word = "";
@@ -146,12 +138,6 @@ export function hashEmail(raw: string): string | null {
   return normalized === null ? null : sha256Hex(normalized);
 }
 
-/** `phone_sha256` of a phone already in E.164 form, else null (send it raw). */
-export function hashPhone(raw: string): string | null {
-  const normalized = normalizePhone(raw);
-  return normalized === null ? null : sha256Hex(normalized);
-}
-
 /** `address_sha256` of an address, or null when the gateway could not use it either. */
 export function hashAddress(line1: string, zip: string, country?: string | null): string | null {
   const normalized = normalizeAddress(line1, zip, country);
@@ -159,10 +145,10 @@ export function hashAddress(line1: string, zip: string, country?: string | null)
 }
 
 /**
- * A copy of the conversion whose email, address, and phone when in E.164 form, are replaced by
- * their hashes, so that they never leave your servers raw. An email or an address that the
- * gateway could not use either is left out (the gateway would drop it with a warning). A phone
- * in any other form stays raw for the gateway to normalize.
+ * A copy of the conversion whose email and address are replaced by their hashes, so that they
+ * never leave your servers raw. An email or an address that the gateway could not use either is
+ * left out (the gateway would drop it with a warning). The phone stays raw, for the gateway to
+ * normalize and hash (see the top of this file).
  */
 export function prehash(conversion: ConversionInput): ConversionInput {
   const out: ConversionInput = { ...conversion };
@@ -170,13 +156,6 @@ export function prehash(conversion: ConversionInput): ConversionInput {
     const hashed = hashEmail(out.email);
     delete out.email;
     if (hashed !== null) out.email_sha256 = hashed;
-  }
-  if (typeof out.phone === "string" && out.phone !== "") {
-    const hashed = hashPhone(out.phone);
-    if (hashed !== null) {
-      delete out.phone;
-      out.phone_sha256 = hashed;
-    }
   }
   if (out.address !== null && typeof out.address === "object") {
     const { line1, zip, country } = out.address;

@@ -4,10 +4,8 @@ export { ApiError, IntakeError, TransportError, API_ERROR_FIELDS } from "./error
 export {
   hashAddress,
   hashEmail,
-  hashPhone,
   normalizeAddress,
   normalizeEmail,
-  normalizePhone,
   prehash,
   sha256Hex,
 } from "./hashing.js";

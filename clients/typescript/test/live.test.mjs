@@ -88,12 +88,23 @@ test("prehashed identifiers equal the gateway's own hashes", { skip: liveSkip },
   });
   assert.equal((await c.send(raw)).result, "created");
   const hashed = prehash(raw);
-  assert.ok(!("email" in hashed) && !("phone" in hashed) && !("address" in hashed));
+  assert.ok(!("email" in hashed) && !("address" in hashed) && hashed.phone === raw.phone);
   // The gateway hashed the raw values; the same pair sent with the client's hashes changes
   // nothing only if every hash is the same.
   assert.equal((await c.send(hashed)).result, "unchanged");
   assert.equal((await c.send({ ...hashed, email_sha256: "0".repeat(64) })).result, "updated");
 });
+
+for (const [phone, country] of [["+4402079460958", null], ["+1415555267", null], ["+491701234567", "US"]]) {
+  test(`prehash stores ${phone} (country ${country}) as the gateway does`, { skip: liveSkip }, async () => {
+    // `+digits` that the gateway normalizes otherwise or refuses: hashed as it is, it would be
+    // stored apart from the same phone sent raw.
+    const c = client();
+    const raw = conversion("lead", country === null ? { phone } : { phone, country });
+    assert.equal((await c.send(raw)).result, "created");
+    assert.equal((await c.send(prehash(raw))).result, "unchanged");
+  });
+}
 
 test("raw and hashed form together is refused", { skip: liveSkip }, async () => {
   const sent = { ...conversion("lead", { email: "ann@example.com" }), email_sha256: "a".repeat(64) };

@@ -19,7 +19,7 @@ from ._models import (
     ValidationSummary,
     Workspace,
 )
-from .hashing import hash_address, hash_email, hash_phone, prehash
+from .hashing import hash_address, hash_email, prehash
 
 __all__ = [
     "MAX_BATCH_BYTES",
@@ -43,6 +43,5 @@ __all__ = [
     "Workspace",
     "hash_address",
     "hash_email",
-    "hash_phone",
     "prehash",
 ]

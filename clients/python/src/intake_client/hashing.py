@@ -1,9 +1,12 @@
-"""Normalization and SHA-256 hashing of identifiers, exactly as the gateway does it, so that a
-conversion can carry ``email_sha256``, ``phone_sha256`` and ``address_sha256`` instead of the
-raw values (the rules: docs/normalization.md of the repository).
+"""Normalization and SHA-256 hashing of emails and addresses, exactly as the gateway does it, so
+that a conversion can carry ``email_sha256`` and ``address_sha256`` instead of the raw values
+(the rules: docs/normalization.md of the repository).
 
-Phones are hashed only when already in E.164 form (``+`` then digits): any other phone needs the
-gateway's phone-number library to be normalized and goes to the gateway raw.
+Phones are never hashed here. The gateway's E.164 text of a phone comes from its phone-number
+library and depends on the conversion's country, even for a phone that starts with ``+``
+(``+4402079460958`` is stored as ``+442079460958``; ``+491701234567`` sent with country ``US`` as
+``+49701234567``). A hash made here could differ from it, match nothing and escape an erasure by
+``--phone``, so a phone goes to the gateway raw.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ WHITE_SPACE = (
 )
 _WHITE_SPACE_SET = frozenset(WHITE_SPACE)
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
-# E.164: `+`, a country code that does not start with 0, at most 15 digits in all.
-_E164 = re.compile(r"\+[1-9][0-9]{1,14}")
 _COUNTRY = re.compile(r"[A-Za-z]{2}")
 # Postal code shapes the gateway checks, on canonical (lower-case, single-spaced) text; ASCII
 # digits only. Any other country's zip is accepted.
@@ -84,14 +85,6 @@ def normalize_email(raw: str) -> str | None:
     return email
 
 
-def normalize_phone(raw: str) -> str | None:
-    """The phone when it is already E.164 (``+``, then 2 to 15 ASCII digits not starting with 0,
-    nothing else); ``None`` otherwise: such a phone is sent raw and the gateway normalizes it.
-    Only the form is checked: a number with its national trunk prefix after the country code
-    (``+4402079460958``) is not E.164, and its hash would not be the gateway's."""
-    return raw if _E164.fullmatch(raw) else None
-
-
 def _canonical_text(raw: str) -> str:
     words: list[str] = []
     word: list[str] = []
@@ -137,12 +130,6 @@ def hash_email(raw: str) -> str | None:
     return None if normalized is None else sha256_hex(normalized)
 
 
-def hash_phone(raw: str) -> str | None:
-    """``phone_sha256`` of a phone already in E.164 form, else ``None`` (send it raw)."""
-    normalized = normalize_phone(raw)
-    return None if normalized is None else sha256_hex(normalized)
-
-
 def hash_address(line1: str, zip: str, country: str | None = None) -> str | None:
     """``address_sha256`` of an address, or ``None`` when the gateway could not use it either."""
     normalized = normalize_address(line1, zip, country)
@@ -150,10 +137,10 @@ def hash_address(line1: str, zip: str, country: str | None = None) -> str | None
 
 
 def prehash(conversion: ConversionInput | Mapping[str, Any]) -> ConversionInput:
-    """A copy of the conversion whose email, address, and phone when in E.164 form, are
-    replaced by their hashes, so that they never leave your servers raw. An email or an address
-    that the gateway could not use either is left out (the gateway would drop it with a
-    warning). A phone in any other form stays raw for the gateway to normalize."""
+    """A copy of the conversion whose email and address are replaced by their hashes, so that
+    they never leave your servers raw. An email or an address that the gateway could not use
+    either is left out (the gateway would drop it with a warning). The phone stays raw, for the
+    gateway to normalize and hash (see the module's docstring)."""
     out: dict[str, Any] = dict(conversion)
     email = out.get("email")
     if isinstance(email, str) and email:
@@ -161,12 +148,6 @@ def prehash(conversion: ConversionInput | Mapping[str, Any]) -> ConversionInput:
         hashed = hash_email(email)
         if hashed is not None:
             out["email_sha256"] = hashed
-    phone = out.get("phone")
-    if isinstance(phone, str) and phone:
-        hashed = hash_phone(phone)
-        if hashed is not None:
-            del out["phone"]
-            out["phone_sha256"] = hashed
     address = out.get("address")
     if isinstance(address, Mapping):
         del out["address"]
