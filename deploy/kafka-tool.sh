@@ -4,11 +4,9 @@
 #   deploy/kafka-tool.sh kafka-consumer-groups --describe --group intake-writer
 #   deploy/kafka-tool.sh kafka-consumer-groups --group intake-writer --topic intake.requests:3 \
 #       --reset-offsets --to-offset 1200 --execute          (writers stopped; see deploy/RUNBOOK.md)
-# --bootstrap-server is added when not given. The jars are fetched from Maven Central once.
+# --bootstrap-server is added when not given. The tools are the broker's version, installed with
+# it (deploy/lib.sh install_kafka, which up.sh runs): they need no registry.
 source "$(dirname "$0")/lib.sh"
-
-TOOLS_VERSION=4.3.1
-TOOLS_LIBS="$INTAKE_CACHE/kafka-tools-$TOOLS_VERSION/libs"
 
 tool="${1:-}"
 case "$tool" in
@@ -20,15 +18,10 @@ case "$tool" in
 esac
 shift
 
-if [ ! -f "$TOOLS_LIBS/.complete" ]; then
+# On a machine where the broker was never installed, install it as up.sh would.
+if [ ! -f "$KAFKA_LIBS/kafka-tools-$KAFKA_VERSION.jar" ]; then
     command -v mvn >/dev/null || install_packages
-    say "fetching Apache Kafka's tools $TOOLS_VERSION from Maven Central (once)"
-    rm -rf "$TOOLS_LIBS"
-    mvn -B -q -f "$REPO/deploy/kafka-tools/pom.xml" -Dmaven.repo.local="$INTAKE_CACHE/m2" \
-        org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
-        -DincludeScope=runtime -DoutputDirectory="$TOOLS_LIBS" >"$LOGS/kafka-tools-install.log" 2>&1 \
-        || { tail -n 30 "$LOGS/kafka-tools-install.log" >&2; exit 1; }
-    touch "$TOOLS_LIBS/.complete"
+    install_kafka
 fi
 
 args=("$@")
@@ -36,4 +29,4 @@ case " ${args[*]} " in
     *" --bootstrap-server "*) ;;
     *) args=(--bootstrap-server "$INTAKE_KAFKA_BROKERS" "${args[@]}") ;;
 esac
-exec java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$TOOLS_LIBS/*" "$class" "${args[@]}"
+exec java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$KAFKA_LIBS/*" "$class" "${args[@]}"

@@ -68,17 +68,22 @@ pg_bin() {
 # PostgreSQL refuses to run as root; run it as the postgres user when we are root.
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
-# Apache Kafka's own jars from Maven Central (deploy/kafka/pom.xml), once per version.
+# Apache Kafka's own jars from Maven Central (deploy/kafka/pom.xml), the broker's and the
+# command-line tools' (deploy/kafka-tool.sh), once per version and POM: the marker holds the
+# POM's checksum. A directory from another POM may hold a running broker's jars: it is added
+# to, never emptied.
 install_kafka() {
-    [ -f "$KAFKA_LIBS/.complete" ] && return
-    say "fetching Apache Kafka $KAFKA_VERSION from Maven Central (once; about 45 MB)"
-    rm -rf "$KAFKA_LIBS"
-    mvn -B -q -f "$REPO/deploy/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+    local pom="$REPO/deploy/kafka/pom.xml" sum
+    sum="$(sha256sum "$pom" | cut -d ' ' -f 1)"
+    [ "$(cat "$KAFKA_LIBS/.complete" 2>/dev/null)" = "$sum" ] && return
+    say "fetching Apache Kafka $KAFKA_VERSION and its tools from Maven Central (once; about 55 MB)"
+    [ -f "$KAFKA_LIBS/.complete" ] || rm -rf "$KAFKA_LIBS"
+    mvn -B -q -f "$pom" -Dkafka.version="$KAFKA_VERSION" \
         -Dmaven.repo.local="$INTAKE_CACHE/m2" \
         org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS" >"$LOGS/kafka-install.log" 2>&1 \
         || { tail -n 30 "$LOGS/kafka-install.log"; return 1; }
-    touch "$KAFKA_LIBS/.complete"
+    echo "$sum" >"$KAFKA_LIBS/.complete"
 }
 
 start_postgres() {
