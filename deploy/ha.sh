@@ -216,7 +216,24 @@ ha_tls() {
     done
 }
 
-ha_alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+ha_alive() { [ -f "$RUN/$1.pid" ] && ha_pid_alive "$(cat "$RUN/$1.pid")"; }
+
+# A process that exited is a zombie until its parent (init, for a process whose starter is
+# gone) reaps it, which can take seconds: that counts as gone.
+ha_pid_alive() { kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]; }
+
+# ha_stop_process NAME [SECONDS]: SIGTERM, then SIGKILL after SECONDS (default 10).
+ha_stop_process() {
+    local name="$1" seconds="${2:-10}" pid
+    [ -f "$RUN/$name.pid" ] || return 0
+    pid="$(cat "$RUN/$name.pid")"
+    if ha_pid_alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq $((seconds * 10))); do ha_pid_alive "$pid" || break; sleep 0.1; done
+        if ha_pid_alive "$pid"; then kill -KILL -- "-$pid" "$pid" 2>/dev/null || true; fi
+    fi
+    rm -f "$RUN/$name.pid"
+}
 
 # Is any process of the layout at DIR running?
 ha_running() {
@@ -410,14 +427,9 @@ ha_node_signal() {
 
 # ha_stop_node N: Patroni stops its PostgreSQL and releases what it holds in etcd.
 ha_stop_node() {
-    local n="$1" name="ha-node-$1" pid data="$HA/node-$1/data"
-    if ha_alive "$name"; then
-        pid="$(cat "$RUN/$name.pid")"
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL -- "-$pid" 2>/dev/null || true
-    fi
-    rm -f "$RUN/$name.pid"
+    local n="$1" data="$HA/node-$1/data"
+    # Patroni stops PostgreSQL (a shutdown checkpoint) before it exits.
+    ha_stop_process "ha-node-$n" 60
     # A PostgreSQL left without its Patroni.
     if [ -f "$data/postmaster.pid" ] && kill -0 "$(head -n 1 "$data/postmaster.pid")" 2>/dev/null; then
         (as_user "$(ha_node_user "$n")" "$HA/node-$n" "$(pg_bin pg_ctl)" -D "$data" -m fast -w stop) >/dev/null 2>&1 || true
@@ -431,14 +443,58 @@ stop_ha_cluster() {
     local HA="$dir/ha" RUN="$dir/run" LOGS="$dir/logs" BASE n leader
     [ -f "$HA/layout" ] || return 0
     BASE="$(sed -n 's/^base=\([0-9]*\).*/\1/p' "$HA/layout")"
-    stop_process ha-haproxy
+    ha_stop_process ha-haproxy
     leader="$(ha_cluster_state)"
     leader="${leader% *}"
-    for n in 1 2 3; do [ "node-$n" = "$leader" ] || ha_stop_node "$n"; done
-    for n in 1 2 3; do [ "node-$n" = "$leader" ] && ha_stop_node "$n"; done
-    for n in 1 2 3; do stop_process "ha-backup-$n"; done
-    stop_process ha-backup-repo
-    for n in 1 2 3; do stop_process "ha-etcd-$n"; done
+    local pids=()
+    for n in 1 2 3; do
+        if [ "node-$n" != "$leader" ]; then ha_stop_node "$n" & pids+=($!); fi
+    done
+    for n in "${pids[@]}"; do wait "$n"; done
+    for n in 1 2 3; do
+        if [ "node-$n" = "$leader" ]; then ha_stop_node "$n"; fi
+    done
+    pids=()
+    for n in ha-backup-1 ha-backup-2 ha-backup-3 ha-backup-repo ha-etcd-1 ha-etcd-2 ha-etcd-3; do
+        ha_stop_process "$n" & pids+=($!)
+    done
+    for n in "${pids[@]}"; do wait "$n"; done
+}
+
+# ha_switchover DIR [CANDIDATE]: a planned switchover of the layout at DIR to CANDIDATE (by
+# default the synchronous standby, which needs no catching up); returns once the new primary
+# has a synchronous standby and takes writes through HAProxy. Prints the old and new leader
+# and the seconds it took.
+ha_switchover() {
+    local dir="$1" candidate="${2:-}"
+    local HA="$dir/ha" RUN="$dir/run" LOGS="$dir/logs" BASE PRIMARY state leader sync start
+    BASE="$(sed -n 's/^base=\([0-9]*\).*/\1/p' "$HA/layout")"
+    PRIMARY="$(sed -n 's/.*primary=\([0-9]*\).*/\1/p' "$HA/layout")"
+    state="$(ha_cluster_state)"
+    leader="${state% *}" sync="${state#* }"
+    [ -n "$candidate" ] || candidate="$sync"
+    if [ "$leader" = - ] || [ "$candidate" = - ]; then
+        say "no switchover: leader $leader, synchronous standby $sync"
+        return 1
+    fi
+    start="$EPOCHREALTIME"
+    ha_patronictl_at "$HA" switchover "$HA_SCOPE" --leader "$leader" --candidate "$candidate" --force >&2
+    for _ in $(seq 600); do
+        state="$(ha_cluster_state)"
+        [ "${state% *}" = "$candidate" ] && [ "${state#* }" != - ] && ha_primary_writable && break
+        sleep 0.1
+    done
+    if [ "${state% *}" != "$candidate" ]; then
+        say "the switchover to $candidate did not finish in 60 s (cluster: $state)"
+        return 1
+    fi
+    printf '{"from": "%s", "to": "%s", "seconds": %s}\n' "$leader" "$candidate" \
+        "$(python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' "$start" "$EPOCHREALTIME")"
+}
+
+# The single PostgreSQL of the quick start (deploy/lib.sh start_postgres) runs.
+ha_single_running() {
+    [ -f "$INTAKE_HOME/pg/postmaster.pid" ] && kill -0 "$(head -n 1 "$INTAKE_HOME/pg/postmaster.pid")" 2>/dev/null
 }
 
 # The stack's layout: data in .intake/ha, the primary on $PG_PORT.

@@ -3,9 +3,43 @@
 # loopback, migrates, creates the topics, starts one gateway and one writer, creates a demo
 # workspace and key, and prints a curl command. Running it again is harmless, and starts again
 # whatever is down (pid files in .intake/run/).
+#
+# deploy/up.sh --ha: the same, with PostgreSQL as the HA layout (deploy/ha.sh: three nodes under
+# Patroni and etcd, synchronous replication, the primary behind HAProxy on the same port,
+# pgBackRest) instead of one node. Data in .intake/ha/; deploy/patronictl.sh operates it.
 source "$(dirname "$0")/lib.sh"
 
-start_infrastructure
+ha=0
+for arg in "$@"; do
+    case "$arg" in
+        --ha) ha=1 ;;
+        *) echo "usage: deploy/up.sh [--ha]" >&2; exit 2 ;;
+    esac
+done
+
+# One PostgreSQL layout at a time: both serve 127.0.0.1:$PG_PORT.
+if [ "$ha" = 1 ]; then
+    if ha_single_running; then
+        say "the single PostgreSQL runs ($INTAKE_HOME/pg): stop the stack with deploy/down.sh, then deploy/up.sh --ha"
+        exit 1
+    fi
+    if ! ha_alive ha-haproxy && port_open "$PG_PORT"; then
+        say "something else serves 127.0.0.1:$PG_PORT (another checkout's PostgreSQL?): stop it first"
+        exit 1
+    fi
+    install_packages
+    install_kafka
+    reserve_ports
+    start_ha
+    start_redis
+    start_kafka
+else
+    if ha_running "$INTAKE_HOME"; then
+        say "the HA layout runs ($INTAKE_HOME/ha): deploy/up.sh --ha, or deploy/down.sh first for the single node"
+        exit 1
+    fi
+    start_infrastructure
+fi
 build
 
 create_database intake
@@ -28,6 +62,7 @@ cat <<TXT
 intake is running: API http://127.0.0.1:8080/v1
 Ops: gateway http://127.0.0.1:8081/{healthz,readyz,metrics}, writer http://127.0.0.1:8091/{healthz,readyz,metrics}
 Logs: $LOGS   Stop: deploy/down.sh
+$([ "$ha" = 1 ] && echo "PostgreSQL: HA layout, primary on 127.0.0.1:$PG_PORT (deploy/patronictl.sh list; deploy/RUNBOOK.md, \"The HA layout\")")
 Demo key: $key
 
 curl -sS -X POST http://127.0.0.1:8080/v1/conversions \\
