@@ -47,6 +47,7 @@ install_packages() {
     command -v curl >/dev/null || missing+=(curl)
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
+    command -v mold >/dev/null || missing+=(mold)  # the linker of .cargo/config.toml
     if [ "${#missing[@]}" -gt 0 ]; then
         say "installing ${missing[*]}"
         as_root apt-get update -qq
@@ -337,12 +338,15 @@ start_infrastructure() {
     start_kafka
 }
 
+# The quick start, the test suite and production run one build: the release profile. The suite
+# (test.sh) builds its test programs on the same profile, so that it reuses these artifacts and
+# tests the very binaries up.sh runs.
 build() {
-    say "building intake ($CARGO_TARGET_DIR)"
-    (cd "$REPO" && cargo build --workspace --bins --quiet)
+    say "building intake ($CARGO_TARGET_DIR/release)"
+    (cd "$REPO" && cargo build --release --quiet -p intake-gateway -p intake-writer -p intake-send)
 }
 
-BIN="$CARGO_TARGET_DIR/debug"
+BIN="$CARGO_TARGET_DIR/release"
 
 # The HA layout of PostgreSQL (deploy/up.sh --ha).
 source "$REPO/deploy/ha.sh"

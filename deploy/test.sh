@@ -18,9 +18,12 @@ export PATH="$NEXTEST_VENV/bin:$PATH"
 
 # Lints first: a tree that is not formatted or not clippy-clean is red before any test runs.
 # Clippy compiles while the tools below download (network, not CPU), and is waited for before
-# the tests are built.
+# the tests are built. On the release profile, like the build: its build scripts and proc macros
+# are then the build's own, compiled once.
 (cd "$REPO" && cargo fmt --all --check)
-(cd "$REPO" && cargo clippy --workspace --all-targets --quiet -- -D warnings) &
+started=$SECONDS
+(cd "$REPO" && cargo clippy --release --workspace --all-targets --quiet -- -D warnings \
+    && say "clippy: $((SECONDS - started)) s") &
 lints=$!
 trap 'kill "$lints" 2>/dev/null || true' EXIT
 
@@ -62,9 +65,13 @@ export DATABASE_URL="$(database_url intake_test)"
 for db in $(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'intake_own_%'"); do
     psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
 done
-build
+started=$SECONDS
+# Every program of the workspace (the load generator and the fault harness too) on the profile
+# the quick start runs; the test binaries below share its artifacts.
+(cd "$REPO" && cargo build --release --workspace --bins --quiet)
 "$BIN/intake-writer" migrate >/dev/null
 export INTAKE_BIN_DIR="$BIN"
 
 cd "$REPO"
-cargo nextest run --workspace --no-fail-fast "$@"
+cargo nextest run --cargo-profile release --workspace --no-fail-fast "$@"
+say "build and tests: $((SECONDS - started)) s"
