@@ -323,6 +323,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let timeouts = store::Timeouts {
                 statement: Duration::from_millis(statement_timeout_ms),
                 lock: Duration::from_millis(lock_timeout_ms),
+                // A worker's transaction never waits between statements on anything but them.
+                idle_in_transaction: Duration::from_millis(statement_timeout_ms),
             };
             let pool = store::connect_lazy(&database.url, database.pool_size, timeouts)?;
             let metrics = Arc::new(metrics::Metrics::new());
@@ -344,7 +346,10 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 policy: retry::Policy {
                     max_attempts,
                     first_backoff: Duration::from_millis(50),
-                    max_backoff: Duration::from_secs(5),
+                    // Part of every outage's length: a database back (or a new primary
+                    // promoted) is found within 2 s. A retry is one connection attempt per
+                    // worker, no load worth spacing out further.
+                    max_backoff: Duration::from_secs(2),
                 },
                 workers: usize::from(apply_lanes),
                 workspace_backlog,

@@ -17,6 +17,10 @@ pub enum Failure {
     /// The other side is away (unreachable, shutting down, out of connections): retrying cures
     /// it once it is back.
     Outage,
+    /// The connection reached a node that takes no writes: a primary demoted by a failover
+    /// (25006). An outage, retried without counting an attempt and never decided by the probe,
+    /// which would reach the new primary and succeed; the connection is closed (`store.rs`).
+    Standby,
     /// Of a class that can be an outage (out of memory, disk full, a crashed backend, a
     /// failover, a deadlock) or this message's own doing: an outage only while PostgreSQL
     /// refuses other writes too (see `store::probe_writes`); else it takes the bounded way.
@@ -47,14 +51,15 @@ impl Classify for sqlx::Error {
 }
 
 /// Class 08 (connection), 53300 (too many connections) and 57P01-57P03 (shutdown, crash,
-/// cannot connect now) are a server that is away. The rest of class 53 (disk full, out of
-/// memory), 57P04-57P05, 25006 (read-only transaction, a standby during a failover) and
+/// cannot connect now) are a server that is away; 25006 (read-only transaction) is a node that
+/// is no longer the primary. The rest of class 53 (disk full, out of memory), 57P04-57P05 and
 /// 40001/40P01 (serialization failure, deadlock) may be one message's own doing as well.
 fn sqlstate_failure(code: &str) -> Failure {
     match code {
         "53300" | "57P01" | "57P02" | "57P03" => Failure::Outage,
+        "25006" => Failure::Standby,
         "55P03" => Failure::Busy,
-        "25006" | "40001" | "40P01" | "57P04" | "57P05" => Failure::MaybeOutage,
+        "40001" | "40P01" | "57P04" | "57P05" => Failure::MaybeOutage,
         _ if code.starts_with("08") => Failure::Outage,
         _ if code.starts_with("53") => Failure::MaybeOutage,
         _ => Failure::Permanent,
@@ -171,7 +176,7 @@ impl Policy {
             };
             match failure {
                 Failure::Busy => return Err(Stop::Busy { error }),
-                Failure::Outage | Failure::MaybeOutage => {
+                Failure::Outage | Failure::MaybeOutage | Failure::Standby => {
                     metrics.transient_retries.get_or_create(&crate::metrics::What { what }).inc();
                     metrics.last_outage_retry.set(crate::metrics::unix_seconds());
                     tracing::warn!(%error, what, attempts, "unavailable; retrying");
@@ -221,12 +226,76 @@ mod tests {
         assert_eq!(sqlstate_failure("57P01"), Failure::Outage, "admin shutdown");
         assert_eq!(sqlstate_failure("53200"), Failure::MaybeOutage, "out of memory");
         assert_eq!(sqlstate_failure("53100"), Failure::MaybeOutage, "disk full");
-        assert_eq!(sqlstate_failure("25006"), Failure::MaybeOutage, "read-only transaction during a failover");
+        assert_eq!(sqlstate_failure("25006"), Failure::Standby, "a primary demoted by a failover");
         assert_eq!(sqlstate_failure("40P01"), Failure::MaybeOutage);
         assert_eq!(sqlstate_failure("55P03"), Failure::Busy, "a lock held elsewhere");
         assert_eq!(sqlstate_failure("57014"), Failure::Permanent, "a statement timeout recurs for the same chunk");
         assert_eq!(sqlstate_failure("23505"), Failure::Permanent);
         assert_eq!(sqlstate_failure("22P05"), Failure::Permanent, "untranslatable character");
+    }
+
+    /// An error of a chosen class.
+    struct Failing(Failure);
+
+    impl Display for Failing {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{:?}", self.0)
+        }
+    }
+
+    impl Classify for Failing {
+        fn failure(&self) -> Failure {
+            self.0
+        }
+    }
+
+    const ONCE: Policy =
+        Policy { max_attempts: 1, first_backoff: Duration::from_millis(1), max_backoff: Duration::from_millis(1) };
+
+    /// Runs an operation that fails with `failures` in turn and then succeeds; returns whether it
+    /// succeeded and how many times the probe was asked.
+    async fn run_through(failures: Vec<Failure>) -> (bool, usize) {
+        let metrics = Metrics::new();
+        let (_stop, mut shutdown) = watch::channel(false);
+        let failures = std::sync::Mutex::new(failures.into_iter());
+        let probes = std::sync::atomic::AtomicUsize::new(0);
+        let outcome = ONCE
+            .run_probed(
+                "test",
+                &metrics,
+                None,
+                &mut shutdown,
+                || {
+                    let next = failures.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    std::future::ready(next.map_or(Ok(()), |failure| Err(Failing(failure))))
+                },
+                || {
+                    probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // The probe's write succeeds, as it would on a new primary.
+                    std::future::ready(true)
+                },
+            )
+            .await;
+        (outcome.is_ok(), probes.into_inner())
+    }
+
+    #[tokio::test]
+    async fn a_demoted_primary_is_waited_out_without_the_probe_or_an_attempt() {
+        let (succeeded, probes) = run_through(vec![Failure::Standby; 5]).await;
+        assert!(succeeded, "five 25006 in a row, with one attempt allowed, still end in success");
+        assert_eq!(probes, 0, "the probe, reaching the new primary, would call the chunk permanent");
+    }
+
+    #[tokio::test]
+    async fn a_maybe_outage_while_writes_succeed_elsewhere_is_given_up_on() {
+        let (succeeded, probes) = run_through(vec![Failure::MaybeOutage]).await;
+        assert!(!succeeded);
+        assert_eq!(probes, 1);
+    }
+
+    #[tokio::test]
+    async fn outages_do_not_use_up_attempts() {
+        assert_eq!(run_through(vec![Failure::Outage; 4]).await, (true, 0));
     }
 
     #[test]

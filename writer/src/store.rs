@@ -10,9 +10,11 @@ use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use intake_common::conversion::Conversion;
 use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use crate::retry::{Classify, Failure};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::types::Json;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Connection, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
@@ -24,16 +26,23 @@ pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
 /// Bounds on every statement of a connection, so that no statement hangs a worker: a statement
 /// of the chunk's own that runs too long is cancelled (57014, bounded retries, then a dead
 /// letter), and a wait for a row lock another session holds ends (55P03, the workspace waits).
+/// A session left idle inside a transaction is ended after `idle_in_transaction`: it could hold
+/// a workspace's lock, and so stop that workspace, for as long as it lived.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
     pub statement: Duration,
     pub lock: Duration,
+    pub idle_in_transaction: Duration,
 }
 
 /// What the operator commands that rewrite data (erasure, replay) allow a statement: longer
 /// than a chunk's, since an erasure in a large workspace or a replay of many messages may
 /// wait behind the writers' locks and touch many rows.
-pub const OPERATOR_TIMEOUTS: Timeouts = Timeouts { statement: Duration::from_secs(600), lock: Duration::from_secs(60) };
+pub const OPERATOR_TIMEOUTS: Timeouts = Timeouts {
+    statement: Duration::from_secs(600),
+    lock: Duration::from_secs(60),
+    idle_in_transaction: Duration::from_secs(60),
+};
 
 /// A pool for an operator command, with `timeouts` on every connection.
 pub async fn connect_with(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
@@ -48,17 +57,52 @@ fn with_timeouts(options: PgConnectOptions, timeouts: Timeouts) -> PgConnectOpti
     options.options([
         ("statement_timeout", timeouts.statement.as_millis().to_string()),
         ("lock_timeout", timeouts.lock.as_millis().to_string()),
+        ("idle_in_transaction_session_timeout", timeouts.idle_in_transaction.as_millis().to_string()),
     ])
 }
 
 /// A pool that connects when first used, so that a writer can start while PostgreSQL is away;
-/// every connection carries `timeouts`.
+/// every connection carries `timeouts`, and none is kept that reached a standby.
 pub fn connect_lazy(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
     let options = with_timeouts(PgConnectOptions::from_str(url)?, timeouts);
     Ok(PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
+        .after_connect(|connection, _| Box::pin(refuse_standby(connection)))
         .connect_lazy_with(options))
+}
+
+/// During a failover the primary's address can lead for a moment to a node in recovery (the old
+/// primary before it is marked down, or a standby): such a connection is refused as an outage,
+/// so that writes wait for the new primary.
+async fn refuse_standby(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(connection).await?;
+    if in_recovery {
+        return Err(sqlx::Error::Io(std::io::Error::other("connected to a node in recovery, not the primary")));
+    }
+    Ok(())
+}
+
+/// A connection that met a node taking no writes keeps meeting it: it is closed, not returned to
+/// the pool.
+fn close_if_on_standby<T>(connection: &mut PoolConnection<Postgres>, outcome: &Result<T, sqlx::Error>) {
+    if outcome.as_ref().is_err_and(|error| error.failure() == Failure::Standby) {
+        connection.close_on_drop();
+    }
+}
+
+/// Commits so that success means the synchronous standby has the commit too (DESIGN 12).
+/// The transaction takes an id, so that its commit waits for the standby even when it wrote
+/// nothing: a redelivered message is answered from applied_messages, which the primary shows
+/// before the standby confirmed it. COMMIT is exempt from `statement_timeout`: PostgreSQL reports
+/// a cancelled wait for the standby as a WARNING, on a commit that then exists on the primary
+/// alone. How long the wait may last is bounded by the HA layout, which drops a silent standby
+/// from the synchronous set (`wal_sender_timeout`, Patroni).
+async fn commit_replicated(mut tx: Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT set_config('statement_timeout', '0', true), pg_current_xact_id()::text")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
 }
 
 pub struct Applied {
@@ -112,10 +156,22 @@ pub async fn apply_run(
     requests: &[&WriteRequestV1],
     lock: Lock,
 ) -> Result<Run, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut connection = pool.acquire().await?;
+    let run = apply_run_on(&mut connection, workspace_id, requests, lock).await;
+    close_if_on_standby(&mut connection, &run);
+    run
+}
+
+async fn apply_run_on(
+    connection: &mut PgConnection,
+    workspace_id: &str,
+    requests: &[&WriteRequestV1],
+    lock: Lock,
+) -> Result<Run, sqlx::Error> {
+    let mut tx = connection.begin().await?;
     let run = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
     match run {
-        Run::Done(_) => tx.commit().await?,
+        Run::Done(_) => commit_replicated(tx).await?,
         Run::Busy => tx.rollback().await?,
     }
     Ok(run)
@@ -124,16 +180,23 @@ pub async fn apply_run(
 /// Marks a request whose chunk failed for good, so that no later chunk of it is applied, by
 /// this writer or another one after a rebalance or a restart.
 pub async fn mark_request_failed(pool: &PgPool, workspace_id: &str, part: &RequestPart) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO failed_requests (request_id, workspace_id, chunk_index) VALUES ($1, $2, $3)
-         ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
-    )
-    .bind(&part.id)
-    .bind(workspace_id)
-    .bind(i32::try_from(part.index).unwrap_or(i32::MAX))
-    .execute(pool)
-    .await?;
-    Ok(())
+    let mut connection = pool.acquire().await?;
+    let marked = async {
+        let mut tx = connection.begin().await?;
+        sqlx::query(
+            "INSERT INTO failed_requests (request_id, workspace_id, chunk_index) VALUES ($1, $2, $3)
+             ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
+        )
+        .bind(&part.id)
+        .bind(workspace_id)
+        .bind(i32::try_from(part.index).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?;
+        commit_replicated(tx).await
+    }
+    .await;
+    close_if_on_standby(&mut connection, &marked);
+    marked
 }
 
 /// A small committed write: whether PostgreSQL takes writes at all. An error of a class that
