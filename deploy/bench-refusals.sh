@@ -24,7 +24,6 @@ if [ -z "${INTAKE_GATEWAY:-}" ]; then
     INTAKE_GATEWAY="$CARGO_TARGET_DIR/release/intake-gateway"
 fi
 writer="$CARGO_TARGET_DIR/release/intake-writer"
-[ -x "$writer" ] || writer="$CARGO_TARGET_DIR/debug/intake-writer"
 
 bench_key intake_bench_refusals "$writer"
 key="$BENCH_KEY"
