@@ -10,7 +10,7 @@
 # Uses the programs in $INTAKE_BIN_DIR when set (as the test suite does), else builds them.
 source "$(dirname "$0")/lib.sh"
 
-if [ -n "${INTAKE_BIN_DIR:-}" ]; then BIN="$INTAKE_BIN_DIR"; else build; fi
+if [ -n "${INTAKE_BIN_DIR:-}" ]; then BIN="$INTAKE_BIN_DIR"; else build; (cd "$REPO" && cargo build --release --quiet -p intake-send); fi
 TARGET="$REPO/docs/configuration.md"
 
 render() {

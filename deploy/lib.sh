@@ -340,10 +340,11 @@ start_infrastructure() {
 
 # The quick start, the test suite and production run one build: the release profile. The suite
 # (test.sh) builds its test programs on the same profile, so that it reuses these artifacts and
-# tests the very binaries up.sh runs.
+# tests the very binaries up.sh runs. Only the two services: intake-send and the test programs
+# bring an HTTP client stack of their own (`cargo build --release -p intake-send`).
 build() {
     say "building intake ($CARGO_TARGET_DIR/release)"
-    (cd "$REPO" && cargo build --release --quiet -p intake-gateway -p intake-writer -p intake-send)
+    (cd "$REPO" && cargo build --release --quiet -p intake-gateway -p intake-writer)
 }
 
 BIN="$CARGO_TARGET_DIR/release"

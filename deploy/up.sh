@@ -18,29 +18,36 @@ for arg in "$@"; do
 done
 
 # One PostgreSQL layout at a time: both serve 127.0.0.1:$PG_PORT.
+if [ "$ha" = 1 ] && ha_single_running; then
+    say "the single PostgreSQL runs ($INTAKE_HOME/pg): stop the stack with deploy/down.sh, then deploy/up.sh --ha"
+    exit 1
+fi
+if [ "$ha" = 0 ] && ha_running "$INTAKE_HOME"; then
+    say "the HA layout runs ($INTAKE_HOME/ha): deploy/up.sh --ha, or deploy/down.sh first for the single node"
+    exit 1
+fi
+
+if [ "$ha" = 1 ] && ! ha_alive ha-haproxy && port_open "$PG_PORT"; then
+    say "something else serves 127.0.0.1:$PG_PORT (another checkout's PostgreSQL?): stop it first"
+    exit 1
+fi
+
+# The build is most of a first run: it goes on while the services are fetched and started.
+install_packages
+build &
+building=$!
+trap 'kill "$building" 2>/dev/null || true' EXIT
+
 if [ "$ha" = 1 ]; then
-    if ha_single_running; then
-        say "the single PostgreSQL runs ($INTAKE_HOME/pg): stop the stack with deploy/down.sh, then deploy/up.sh --ha"
-        exit 1
-    fi
-    if ! ha_alive ha-haproxy && port_open "$PG_PORT"; then
-        say "something else serves 127.0.0.1:$PG_PORT (another checkout's PostgreSQL?): stop it first"
-        exit 1
-    fi
-    install_packages
     install_kafka
     reserve_ports
     start_ha
     start_redis
     start_kafka
 else
-    if ha_running "$INTAKE_HOME"; then
-        say "the HA layout runs ($INTAKE_HOME/ha): deploy/up.sh --ha, or deploy/down.sh first for the single node"
-        exit 1
-    fi
     start_infrastructure
 fi
-build
+wait "$building" || { say "the build failed (above)"; exit 1; }
 
 create_database intake
 export DATABASE_URL="$(database_url intake)"
