@@ -492,6 +492,77 @@ ha_switchover() {
         "$(python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' "$start" "$EPOCHREALTIME")"
 }
 
+# ha_restore_cluster DIR TIME: the layout at DIR restored to TIME (a timestamp with its zone,
+# "2026-05-04 10:30:00+00") from pgBackRest's repository: every node's data is replaced, node 1
+# recovers to TIME and becomes the primary, the others are copied from it, then a full backup
+# is taken. The data each node had is kept in node-N/data.before-restore until the next
+# restore. Writers must be stopped first (deploy/RUNBOOK.md, "The HA layout: restore to a
+# point in time, then replay").
+ha_restore_cluster() {
+    local dir="$1" target="$2"
+    local HA="$dir/ha" RUN="$dir/run" LOGS="$dir/logs" BASE PRIMARY n user node1="$dir/ha/node-1"
+    BASE="$(sed -n 's/^base=\([0-9]*\).*/\1/p' "$HA/layout")"
+    PRIMARY="$(sed -n 's/.*primary=\([0-9]*\).*/\1/p' "$HA/layout")"
+    [ "$HA_BACKUPS" = 1 ] && [ -f "$HA/conf/pgbackrest-repo.conf" ] || { say "the layout at $dir has no backups"; return 1; }
+    for n in 1 2 3; do ha_etcd_healthy "$n" && break; done || { say "etcd is not running: start the layout first"; return 1; }
+    say "stopping HAProxy and the PostgreSQL nodes"
+    ha_stop_process ha-haproxy
+    for n in 1 2 3; do ha_stop_node "$n" & done
+    wait
+    # Patroni would otherwise take the restored node for a stray member of the old cluster.
+    printf '%s\nYes I am aware\n' "$HA_SCOPE" | ha_patronictl_at "$HA" remove "$HA_SCOPE" >/dev/null
+    # After a restore that did not finish, the data directories are its leftovers and
+    # data.before-restore still holds what the nodes had.
+    for n in 1 2 3; do
+        if [ -f "$HA/restoring" ]; then
+            rm -rf "$HA/node-$n/data"
+        else
+            rm -rf "$HA/node-$n/data.before-restore"
+            if [ -d "$HA/node-$n/data" ]; then mv "$HA/node-$n/data" "$HA/node-$n/data.before-restore"; fi
+        fi
+    done
+    touch "$HA/restoring"
+    user="$(ha_node_user 1)"
+    install -d -m 700 -o "$user" -g "$(id -g "$user")" "$node1/data"
+    touch "$LOGS/ha-restore.log"
+    [ "$(id -u)" = 0 ] && chown "$user" "$LOGS/ha-restore.log"
+    say "restoring node 1 to $target"
+    (cd "$node1" && as_user "$user" "$node1" pgbackrest --config="$node1/pgbackrest.conf" --stanza="$HA_SCOPE" \
+        --type=time "--target=$target" --target-action=promote --log-level-console=warn restore) \
+        >>"$LOGS/ha-backup.log" 2>&1 || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
+    # Recovery runs outside Patroni, on node 1's port, with the settings of node 1 (the
+    # restored postgresql.conf is that of the node the backup was taken from) and no
+    # synchronous standby to wait for.
+    local pg_port options
+    pg_port="$(ha_port "$BASE" pg 1)"
+    options="-p $pg_port -c listen_addresses=127.0.0.1 -k /tmp -c synchronous_standby_names="
+    options+=" -c hba_file=$node1/data/pg_hba.conf -c ident_file=$node1/data/pg_ident.conf"
+    options+=" -c archive_command='pgbackrest --config=$node1/pgbackrest.conf --stanza=$HA_SCOPE archive-push %p'"
+    (cd "$node1" && as_user "$user" "$node1" "$(pg_bin pg_ctl)" -D "$node1/data" -l "$LOGS/ha-restore.log" -w -t 3600 \
+        -o "$options" start) >/dev/null || { tail -n 20 "$LOGS/ha-restore.log" >&2; return 1; }
+    for _ in $(seq 36000); do
+        [ "$(psql -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -tAc 'SELECT pg_is_in_recovery()' 2>/dev/null)" = f ] && break
+        sleep 0.1
+    done
+    grep -E 'recovery stopping|selected new timeline' "$LOGS/ha-restore.log" | tail -n 2 >&2 || true
+    psql -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -qc 'ALTER SYSTEM RESET restore_command' \
+        -c 'ALTER SYSTEM RESET recovery_target_time' -c 'ALTER SYSTEM RESET recovery_target_action' \
+        -c 'ALTER SYSTEM RESET archive_mode'
+    (as_user "$user" "$node1" "$(pg_bin pg_ctl)" -D "$node1/data" -m fast -w stop) >/dev/null
+    # Node 1 first: a node with an empty directory and no cluster in etcd would make a new one.
+    ha_start_node 1
+    for _ in $(seq 600); do
+        [ "$(ha_cluster_state | cut -d' ' -f1)" = node-1 ] && break
+        sleep 0.1
+    done
+    start_ha_cluster "$dir" "$BASE" "$PRIMARY" >/dev/null
+    rm -f "$HA/restoring"
+    say "taking a full backup of the restored cluster"
+    ha_pgbackrest_repo backup --type=full --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 \
+        || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
+    say "restored to $target; the previous data is in $HA/node-N/data.before-restore"
+}
+
 # The single PostgreSQL of the quick start (deploy/lib.sh start_postgres) runs.
 ha_single_running() {
     [ -f "$INTAKE_HOME/pg/postmaster.pid" ] && kill -0 "$(head -n 1 "$INTAKE_HOME/pg/postmaster.pid")" 2>/dev/null
