@@ -13,6 +13,7 @@
 #   any warning fails.
 #
 # Run by tests/tests/deploy_files.rs; by hand: deploy/validate.sh
+# deploy/validate.sh promtool: installs promtool only and prints its path (tests/tests/dashboard.rs).
 source "$(dirname "$0")/lib.sh"
 
 DEPLOY="$REPO/deploy"
@@ -37,9 +38,10 @@ install_promtool() {
         as_root apt-get update -qq
         (cd "$dir" && apt-get download -q prometheus >/dev/null 2>&1)
     }
-    dpkg-deb --fsys-tarfile "$dir"/prometheus_*.deb | tar -x -O ./usr/bin/promtool >"$TOOLS/bin/promtool.part"
-    chmod +x "$TOOLS/bin/promtool.part"
-    mv "$TOOLS/bin/promtool.part" "$TOOLS/bin/promtool"
+    # A part file of this process's own: two tests may install it at once, and mv is atomic.
+    dpkg-deb --fsys-tarfile "$dir"/prometheus_*.deb | tar -x -O ./usr/bin/promtool >"$TOOLS/bin/promtool.part.$$"
+    chmod +x "$TOOLS/bin/promtool.part.$$"
+    mv "$TOOLS/bin/promtool.part.$$" "$TOOLS/bin/promtool"
     rm -rf "$dir"
 }
 
@@ -89,6 +91,11 @@ check_units() {
     echo "ok: systemd units (deploy/systemd: systemd-analyze verify)"
 }
 
+if [ "${1:-}" = promtool ]; then
+    install_promtool
+    echo "$TOOLS/bin/promtool"
+    exit 0
+fi
 install_kubernetes_validate
 install_promtool
 install_systemd_analyze
