@@ -19,8 +19,53 @@ fn deployment_files_pass_their_validators() {
         .unwrap_or_else(|e| panic!("running deploy/validate.sh: {e}"));
     let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "deploy/validate.sh failed:\n{printed}");
-    for checked in ["Kubernetes manifests", "Prometheus rules", "systemd units"] {
+    for checked in [
+        "Kubernetes manifests",
+        "CloudNativePG resources",
+        "Prometheus rules",
+        "systemd units",
+        "HAProxy configurations",
+    ] {
         assert!(printed.contains(&format!("ok: {checked}")), "{checked} were not checked:\n{printed}");
+    }
+}
+
+/// Runs `deploy/validate.sh crds` (the validation of custom resources against the vendored
+/// CRDs) on `manifest`; its success and output.
+fn validate_crds(name: &str, manifest: &str) -> (bool, String) {
+    let file = std::env::temp_dir().join(format!("intake-crds-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&file, manifest).unwrap();
+    let output = Command::new("bash")
+        .arg(repo().join("deploy/validate.sh"))
+        .arg("crds")
+        .arg(&file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running deploy/validate.sh crds: {e}"));
+    let _ = std::fs::remove_file(&file);
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), printed)
+}
+
+#[test]
+fn custom_resources_are_validated_strictly_against_the_vendored_crds() {
+    let manifest = std::fs::read_to_string(repo().join("deploy/k8s/15-database.yaml")).unwrap();
+    let (ok, printed) = validate_crds("database", &manifest);
+    assert!(ok, "{printed}");
+    for resource in ["Cluster intake-db", "ObjectStore intake-db-backups", "ScheduledBackup intake-db-nightly"] {
+        let validated = printed.lines().any(|line| line.starts_with("valid: ") && line.contains(resource));
+        assert!(validated, "{resource} was not validated:\n{printed}");
+    }
+    // A field the schema does not name, a value outside an enum, a wrong type: each refused.
+    for (name, from, to) in [
+        ("unknown-field", "      failoverQuorum: true", "      failoverQuorum: true\n      quorumFailover: true"),
+        ("enum", "      dataDurability: required", "      dataDurability: always"),
+        ("type", "  instances: 3", "  instances: three"),
+        ("metadata", "  name: intake-db\n", "  name: intake-db\n  nmespace: intake\n"),
+    ] {
+        assert!(manifest.contains(from), "{name}: {from:?} is not in the manifest");
+        let (ok, printed) = validate_crds(name, &manifest.replacen(from, to, 1));
+        assert!(!ok, "{name}: a broken Cluster passed:\n{printed}");
     }
 }
 
