@@ -59,7 +59,7 @@ brokers="$(start_kafka_cluster "$SCRATCH/kafka" "$KAFKA_BASE" | tail -n 1)"
 create_database intake_faults
 
 say "building the harness"
-(cd "$REPO" && cargo build --workspace --bins --quiet)
+(cd "$REPO" && cargo build --release --workspace --bins --quiet)
 # A copy the partitioned writer's user can run (the build folder is under root's home).
 mkdir -p "$SCRATCH/bin"
 cp "$BIN/intake-gateway" "$BIN/intake-writer" "$SCRATCH/bin/"

@@ -349,5 +349,9 @@ build() {
 
 BIN="$CARGO_TARGET_DIR/release"
 
+# The load generator shares the cores it measures: the benchmarks build it optimised, unlike the
+# rest of the test crate (Cargo.toml).
+LOADGEN_OPTIMISED=(--config 'profile.release.package.intake-tests.opt-level=2')
+
 # The HA layout of PostgreSQL (deploy/up.sh --ha).
 source "$REPO/deploy/ha.sh"
