@@ -162,3 +162,47 @@ async fn dlq_inspect_shows_reasons_and_sources_but_no_identifier() {
         .unwrap_or_default();
     assert!(!inspected.to_string().contains(&email_hash), "no hash is printed");
 }
+
+/// deploy/kafka-tool.sh (deploy/RUNBOOK.md, "Kafka's own tools") runs the tools from what the
+/// broker's install fetched, with no registry: here a cache that holds only the broker's
+/// directory, and an `mvn` that fails.
+#[test]
+fn kafka_tools_run_from_the_broker_install_without_a_registry() {
+    use std::process::Command;
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let libs = Command::new("bash")
+        .args(["-c", "source deploy/lib.sh && echo \"$KAFKA_LIBS\""])
+        .current_dir(&repo)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let libs = String::from_utf8_lossy(&libs.stdout).trim().to_owned();
+    let install = std::path::Path::new(&libs).parent().unwrap_or_else(|| panic!("{libs}"));
+    let name = format!("t{}", ulid::Ulid::new().to_string().to_lowercase());
+    let cache = std::env::temp_dir().join("intake-tests").join(&name);
+    let bin = cache.join("bin");
+    std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(install, cache.join(install.file_name().unwrap_or_default()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(bin.join("mvn"), "#!/bin/sh\necho 'mvn: no registry here' >&2\nexit 1\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(bin.join("mvn"), executable).unwrap_or_else(|e| panic!("{e}"));
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let tool = |args: &[&str]| {
+        let output = Command::new(repo.join("deploy/kafka-tool.sh"))
+            .args(args)
+            .env("INTAKE_CACHE", &cache)
+            .env("PATH", &path)
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "kafka-tool.sh {args:?}: {}\n{text}", output.status);
+        text
+    };
+    let topic = format!("{name}.tools");
+    tool(&["kafka-topics", "--create", "--topic", &topic, "--partitions", "2", "--replication-factor", "1"]);
+    let described = tool(&["kafka-topics", "--describe", "--topic", &topic]);
+    assert!(described.contains("PartitionCount: 2"), "{described}");
+    tool(&["kafka-topics", "--delete", "--topic", &topic]);
+    std::fs::remove_dir_all(&cache).unwrap_or_else(|e| panic!("{e}"));
+}
