@@ -186,7 +186,8 @@ impl Protocols {
         http2
             .timer(TokioTimer::new())
             .max_concurrent_streams(h2.max_concurrent_streams)
-            .max_header_list_size(h2.max_header_list_size)
+            // The setting is the size at most; h2 refuses a header list of its limit or more.
+            .max_header_list_size(h2.max_header_list_size.saturating_add(1))
             .keep_alive_interval(h2.keep_alive_interval)
             .keep_alive_timeout(h2.keep_alive_timeout);
         Protocols { http1, http2 }

@@ -489,6 +489,22 @@ async fn on_sigterm_an_http2_connection_finishes_its_request_then_closes() {
     assert!(status.is_some_and(|s| s.success()), "exited cleanly: {status:?}");
 }
 
+/// The request with an `x-padding` field that makes its header list `size` bytes as RFC 9113
+/// counts it: each field's name and value and 32 bytes, the pseudo-header fields h2 sends too.
+fn padded_to(mut request: http::Request<()>, size: usize) -> http::Request<()> {
+    let field = |name: &str, value: usize| name.len() + value + 32;
+    let uri = request.uri();
+    let pseudo = field(":method", request.method().as_str().len())
+        + field(":scheme", uri.scheme_str().map_or(0, str::len))
+        + field(":authority", uri.authority().map_or(0, |a| a.as_str().len()))
+        + field(":path", uri.path_and_query().map_or(0, |p| p.as_str().len()));
+    let fields: usize = request.headers().iter().map(|(name, value)| field(name.as_str(), value.len())).sum();
+    let padding = size - pseudo - fields - field("x-padding", 0);
+    let value = http::HeaderValue::from_str(&"a".repeat(padding)).unwrap_or_else(|e| panic!("{e}"));
+    request.headers_mut().insert("x-padding", value);
+    request
+}
+
 #[tokio::test]
 async fn http2_limits_concurrent_streams_and_header_lists() {
     let stack = Stack::start_with(StackOptions {
@@ -511,12 +527,12 @@ async fn http2_limits_concurrent_streams_and_header_lists() {
     );
     assert_eq!(connection.client.current_max_send_streams(), 2, "the server's SETTINGS_MAX_CONCURRENT_STREAMS");
 
-    // A header list over the limit: 431 on its stream; the connection goes on.
-    let mut request = connection.request("GET", "/v1/workspace", Some(&key), None);
-    request
-        .headers_mut()
-        .insert("x-padding", http::HeaderValue::from_str(&"a".repeat(5000)).unwrap_or_else(|e| panic!("{e}")));
-    assert_eq!(connection.send(request, None).await.map(|r| r.0).ok(), Some(431));
+    // A header list of exactly the limit is served; one byte over, 431 on its stream, and the
+    // connection goes on.
+    for (size, status) in [(4096, 200), (4097, 431)] {
+        let request = padded_to(connection.request("GET", "/v1/workspace", Some(&key), None), size);
+        assert_eq!(connection.send(request, None).await.map(|r| r.0).ok(), Some(status), "a {size}-byte header list");
+    }
     let reply = connection.send(connection.request("GET", "/v1/workspace", Some(&key), None), None).await;
     assert_eq!(reply.map(|r| r.0).ok(), Some(200), "served after the 431");
 
