@@ -23,6 +23,11 @@ pub enum ApiError {
     Overloaded {
         retry_after_secs: u64,
     },
+    /// The body did not arrive in time; on HTTP/1 the connection closes after the answer, on
+    /// HTTP/2 only the request's stream ends.
+    RequestTimeout {
+        connection_closed: bool,
+    },
     /// A server fault; the reason is logged, never sent.
     Internal(String),
 }
@@ -35,6 +40,7 @@ impl ApiError {
             ApiError::InsufficientScope { .. } => ErrorCode::InsufficientScope,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::Overloaded { .. } => ErrorCode::ServiceUnavailable,
+            ApiError::RequestTimeout { .. } => ErrorCode::RequestTimeout,
             ApiError::Internal(_) => ErrorCode::InternalError,
         }
     }
@@ -96,7 +102,16 @@ impl ApiError {
             ApiError::Validation(details) => Some(details.as_slice()),
             _ => None,
         };
-        ErrorBody { code: code.as_str(), message: code.default_message(), request_id, details }
+        let message = match self {
+            ApiError::RequestTimeout { connection_closed: true } => {
+                "The request body did not arrive in time; the connection is closed. Retry on a new connection."
+            }
+            ApiError::RequestTimeout { connection_closed: false } => {
+                "The request body did not arrive in time; this request's stream is ended, the connection stays open. Retry."
+            }
+            _ => code.default_message(),
+        };
+        ErrorBody { code: code.as_str(), message, request_id, details }
     }
 }
 

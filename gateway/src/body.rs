@@ -29,12 +29,14 @@ pub async fn read_limited(
     if encoding == Encoding::Identity && declared.is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }
+    let http1 = body.is_http1();
     let bytes = match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
         Ok(Ok(collected)) => collected.to_bytes(),
         Ok(Err(error)) if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
         // The client went away or sent a broken chunked body.
         Ok(Err(_)) => return Err(ApiError::Code(ErrorCode::InvalidJson)),
-        Err(_) => return Err(ApiError::Code(ErrorCode::RequestTimeout)),
+        // On HTTP/1 the connection closes after the response (request_body.rs).
+        Err(_) => return Err(ApiError::RequestTimeout { connection_closed: http1 }),
     };
     match encoding {
         Encoding::Identity => Ok(bytes),

@@ -70,6 +70,11 @@ impl RequestBody {
         };
         (http::Request::from_parts(parts, body), Fate(fate))
     }
+
+    /// Whether the body came over HTTP/1, where a body given up on closes the connection.
+    pub fn is_http1(&self) -> bool {
+        self.http1
+    }
 }
 
 impl Body for RequestBody {

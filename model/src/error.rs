@@ -98,7 +98,7 @@ impl ErrorCode {
                 "Too many requests or conversions in this minute; retry after Retry-After seconds."
             }
             ErrorCode::InternalError => "Server fault. Retry; report the request_id to support if it persists.",
-            ErrorCode::RequestTimeout => "The request body did not arrive in time; the connection is closed. Retry.",
+            ErrorCode::RequestTimeout => "The request body did not arrive in time. Retry.",
             ErrorCode::ServiceUnavailable => {
                 "The service is overloaded and did not read the request; retry after Retry-After seconds."
             }

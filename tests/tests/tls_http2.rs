@@ -338,6 +338,10 @@ async fn a_slow_http2_stream_gets_408_alone_while_its_connection_serves_others_a
     let (slow, slow_done) = slow.await.unwrap_or_else(|e| panic!("{e}"));
     let slow = slow.unwrap_or_else(|e| panic!("the slow stream was reset instead of answered: {e}"));
     assert_eq!((slow.0, slow.1["error"]["code"].as_str()), (408, Some("request_timeout")), "{slow:?}");
+    // Only the stream ends on HTTP/2, and the message says so.
+    let message = slow.1["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("stream is ended, the connection stays open"), "{message}");
+    assert!(!message.contains("connection is closed"), "{message}");
     let took = slow_done - started;
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(3), "408 after {took:?}");
     assert!(fast_done < slow_done, "the other stream was served while the slow one trickled");

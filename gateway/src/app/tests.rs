@@ -358,6 +358,9 @@ async fn a_body_that_does_not_arrive_in_time_is_408() {
     stalled.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(100));
     let reply = api.send(stalled).await;
     assert_eq!((reply.status, reply.code()), (408, "request_timeout"));
+    // HTTP/1.1 here: the connection closes after the 408 (HTTP/2's message: tests/tests/tls_http2.rs).
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the connection is closed"), "{message}");
 }
 
 /// A body that sends its first bytes and then nothing, never ending.
