@@ -36,6 +36,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -282,62 +283,78 @@ impl<S: ApiService> Connection<S> {
                 Ok::<_, Infallible>(response)
             })
         });
-        tokio::pin!(idle_expired);
-        // Closing an idle connection gracefully waits for what is still being sent (and, on
-        // HTTP/2, for the client to acknowledge the GOAWAY's ping); a client that stopped reading
-        // gets the keep-alive timeout once more, then the connection is dropped.
-        let give_up = tokio::time::sleep(NEVER);
-        tokio::pin!(give_up);
-        let give_up_after = self.settings.keep_alive_timeout;
         match protocol {
             Protocol::Http1 => {
                 let io = TokioIo::new(ShapedParseErrors::new(io, self.on_refused_head.clone()));
                 let mut connection = self.protocols.http1.serve_connection(io, service);
-                let mut closing = false;
-                let done = loop {
-                    tokio::select! {
-                        done = std::future::poll_fn(|cx| Pin::new(&mut connection).poll_without_shutdown(cx)) => break done,
-                        () = self.shutdown.cancelled(), if !closing => {
-                            closing = true;
-                            Pin::new(&mut connection).graceful_shutdown();
-                        }
-                        () = &mut idle_expired, if !closing => {
-                            closing = true;
-                            Pin::new(&mut connection).graceful_shutdown();
-                            give_up.as_mut().reset(Instant::now() + give_up_after);
-                        }
-                        () = &mut give_up => return,
-                    }
-                };
+                // Without shutting the I/O down: the lingering close below needs it.
+                let done = drive(
+                    Pin::new(&mut connection),
+                    |connection, cx| connection.get_mut().poll_without_shutdown(cx),
+                    |connection| connection.graceful_shutdown(),
+                    idle_expired,
+                    &self.shutdown,
+                    self.settings.keep_alive_timeout,
+                )
+                .await;
                 match done {
+                    None => {}
                     // A client too slow with its head gets no more of the server's time.
-                    Err(error) if error.is_timeout() => {}
-                    Ok(()) | Err(_) => linger_close(connection.into_parts().io.into_inner()).await,
+                    Some(Err(error)) if error.is_timeout() => {}
+                    Some(Ok(()) | Err(_)) => linger_close(connection.into_parts().io.into_inner()).await,
                 }
             }
             Protocol::Http2 => {
                 let connection = self.protocols.http2.serve_connection(TokioIo::new(io), service);
                 tokio::pin!(connection);
-                let mut closing = false;
-                let done = loop {
-                    tokio::select! {
-                        done = &mut connection => break done,
-                        () = self.shutdown.cancelled(), if !closing => {
-                            closing = true;
-                            connection.as_mut().graceful_shutdown();
-                        }
-                        () = &mut idle_expired, if !closing => {
-                            closing = true;
-                            connection.as_mut().graceful_shutdown();
-                            give_up.as_mut().reset(Instant::now() + give_up_after);
-                        }
-                        () = &mut give_up => return,
-                    }
-                };
-                if let Err(error) = done {
+                let done = drive(
+                    connection,
+                    |connection, cx| connection.poll(cx),
+                    |connection| connection.graceful_shutdown(),
+                    idle_expired,
+                    &self.shutdown,
+                    self.settings.keep_alive_timeout,
+                )
+                .await;
+                if let Some(Err(error)) = done {
                     tracing::debug!(%error, "HTTP/2 connection ended with an error");
                 }
             }
+        }
+    }
+}
+
+/// Serves a connection of either protocol until it ends (`poll`), closing it gracefully
+/// (`close`) on `shutdown` or once `idle_expired`. `None` when a connection closed for being idle
+/// had not ended `keep_alive` later, and was given up on.
+async fn drive<C>(
+    mut connection: Pin<&mut C>,
+    poll: fn(Pin<&mut C>, &mut Context<'_>) -> Poll<hyper::Result<()>>,
+    close: fn(Pin<&mut C>),
+    idle_expired: impl Future<Output = ()>,
+    shutdown: &CancellationToken,
+    keep_alive: Duration,
+) -> Option<hyper::Result<()>> {
+    tokio::pin!(idle_expired);
+    // Closing an idle connection gracefully waits for what is still being sent (and, on HTTP/2,
+    // for the client to acknowledge the GOAWAY's ping); a client that stopped reading gets the
+    // keep-alive timeout once more, then the connection is dropped.
+    let give_up = tokio::time::sleep(NEVER);
+    tokio::pin!(give_up);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            done = std::future::poll_fn(|cx| poll(connection.as_mut(), cx)) => return Some(done),
+            () = shutdown.cancelled(), if !closing => {
+                closing = true;
+                close(connection.as_mut());
+            }
+            () = &mut idle_expired, if !closing => {
+                closing = true;
+                close(connection.as_mut());
+                give_up.as_mut().reset(Instant::now() + keep_alive);
+            }
+            () = &mut give_up => return None,
         }
     }
 }
