@@ -91,7 +91,8 @@ fn close_if_on_standby<T>(connection: &mut PoolConnection<Postgres>, outcome: &R
     }
 }
 
-/// Commits so that success means the synchronous standby has the commit too (DESIGN 12).
+/// Commits so that success means the synchronous standby has the commit too (docs/architecture.md,
+/// "Failure classes").
 /// The transaction takes an id, so that its commit waits for the standby even when it wrote
 /// nothing: a redelivered message is answered from applied_messages, which the primary shows
 /// before the standby confirmed it. COMMIT is exempt from `statement_timeout`: PostgreSQL reports
