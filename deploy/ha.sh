@@ -463,8 +463,8 @@ stop_ha_cluster() {
 
 # ha_switchover DIR [CANDIDATE]: a planned switchover of the layout at DIR to CANDIDATE (by
 # default the synchronous standby, which needs no catching up); returns once the new primary
-# has a synchronous standby and takes writes through HAProxy. Prints the old and new leader
-# and the seconds it took.
+# takes writes through HAProxy and etcd lists its synchronous standby. Prints the old and new
+# leader and the seconds until each of the two.
 ha_switchover() {
     local dir="$1" candidate="${2:-}"
     local HA="$dir/ha" RUN="$dir/run" LOGS="$dir/logs" BASE PRIMARY state leader sync start
@@ -477,19 +477,25 @@ ha_switchover() {
         say "no switchover: leader $leader, synchronous standby $sync"
         return 1
     fi
+    local writable="" listed="" elapsed
     start="$EPOCHREALTIME"
     ha_patronictl_at "$HA" switchover "$HA_SCOPE" --leader "$leader" --candidate "$candidate" --force >&2
     for _ in $(seq 600); do
         state="$(ha_cluster_state)"
-        [ "${state% *}" = "$candidate" ] && [ "${state#* }" != - ] && ha_primary_writable && break
+        elapsed="$(python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' "$start" "$EPOCHREALTIME")"
+        if [ "${state% *}" = "$candidate" ]; then
+            [ -z "$writable" ] && ha_primary_writable && writable="$elapsed"
+            [ -z "$listed" ] && [ "${state#* }" != - ] && listed="$elapsed"
+            [ -n "$writable" ] && [ -n "$listed" ] && break
+        fi
         sleep 0.1
     done
-    if [ "${state% *}" != "$candidate" ]; then
+    if [ -z "$writable" ] || [ -z "$listed" ]; then
         say "the switchover to $candidate did not finish in 60 s (cluster: $state)"
         return 1
     fi
-    printf '{"from": "%s", "to": "%s", "seconds": %s}\n' "$leader" "$candidate" \
-        "$(python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' "$start" "$EPOCHREALTIME")"
+    printf '{"from": "%s", "to": "%s", "writable_after_seconds": %s, "sync_standby_after_seconds": %s}\n' \
+        "$leader" "$candidate" "$writable" "$listed"
 }
 
 # ha_restore_cluster DIR TIME: the layout at DIR restored to TIME (a timestamp with its zone,
