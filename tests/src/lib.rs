@@ -525,18 +525,14 @@ impl Stack {
         self.send(reqwest::Method::GET, path, Some(&key.bearer()), None).await
     }
 
-    /// The gateway's Prometheus metrics, as text.
+    /// The gateway's Prometheus metrics.
     pub async fn metrics(&self) -> Metrics {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.ops_url))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("scraping: {e}"))
-            .text()
-            .await
-            .unwrap_or_default();
-        Metrics(text)
+        Metrics::scrape(&self.http, &self.ops_url).await
+    }
+
+    /// The Prometheus metrics of the stack's writer `index` (in the order of `writer_ops_urls`).
+    pub async fn writer_metrics(&self, index: usize) -> Metrics {
+        Metrics::scrape(&self.http, &self.writer_ops_urls[index]).await
     }
 
     /// `intake-send` aimed at this stack with a key, both given through the environment as a
@@ -637,15 +633,32 @@ impl Client {
 pub struct Metrics(pub String);
 
 impl Metrics {
+    /// `GET {ops_url}/metrics`; panics unless it answers 200.
+    pub async fn scrape(http: &reqwest::Client, ops_url: &str) -> Metrics {
+        Self::try_scrape(http, ops_url).await.unwrap_or_else(|e| panic!("scraping {ops_url}/metrics: {e}"))
+    }
+
+    /// [`Metrics::scrape`] for a poll of a process that may not listen yet.
+    pub async fn try_scrape(http: &reqwest::Client, ops_url: &str) -> Result<Metrics> {
+        let response = http.get(format!("{ops_url}/metrics")).send().await?.error_for_status()?;
+        Ok(Metrics(response.text().await?))
+    }
+
     /// The value of one series, e.g. `intake_gateway_key_cache_total{result="miss"}`; labels in
-    /// the order the exporter writes them. 0 when the series is absent.
+    /// the order the exporter writes them. Panics when the series is absent: a series that is
+    /// not exported is a failure, never a zero.
     pub fn value(&self, series: &str) -> f64 {
+        self.get(series).unwrap_or_else(|| panic!("no series {series} in the scrape:\n{}", self.0))
+    }
+
+    /// The value of one series, or None while it is absent (a labelled counter appears with
+    /// its first count): for polls.
+    pub fn get(&self, series: &str) -> Option<f64> {
         self.0
             .lines()
             .filter_map(|line| line.rsplit_once(' '))
             .find(|(name, _)| *name == series)
-            .and_then(|(_, value)| value.parse().ok())
-            .unwrap_or(0.0)
+            .map(|(_, value)| value.parse().unwrap_or_else(|e| panic!("{series} {value}: {e}")))
     }
 }
 
@@ -712,6 +725,31 @@ pub async fn database() -> sqlx::PgPool {
         .connect(&env("DATABASE_URL"))
         .await
         .unwrap_or_else(|e| panic!("database: {e}"))
+}
+
+/// How many conversions a workspace has stored.
+pub async fn stored_count(db: &sqlx::PgPool, workspace_id: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
+        .bind(workspace_id)
+        .fetch_one(db)
+        .await
+        .unwrap_or_else(|e| panic!("counting the conversions of {workspace_id}: {e}"))
+}
+
+/// The conversions a workspace has stored: external id → value (as PostgreSQL prints it).
+pub async fn stored_values(
+    db: &sqlx::PgPool,
+    workspace_id: &str,
+) -> std::collections::BTreeMap<String, Option<String>> {
+    sqlx::query_as::<_, (String, Option<String>)>(
+        "SELECT external_id, value::text FROM conversions WHERE workspace_id = $1",
+    )
+    .bind(workspace_id)
+    .fetch_all(db)
+    .await
+    .unwrap_or_else(|e| panic!("reading the conversions of {workspace_id}: {e}"))
+    .into_iter()
+    .collect()
 }
 
 /// A conversion input with the required fields and a fresh external id.
@@ -905,42 +943,58 @@ pub fn topic_contents(topic: &str) -> String {
 pub struct Sent {
     pub workspace: usize,
     pub external_ids: Vec<String>,
+    /// The value every conversion of the request carried: each send of a pair carries a new one.
+    pub value: String,
     pub status: u16,
     pub started: Instant,
     pub took: Duration,
 }
 
-/// Writes in a loop from one task per workspace (singles, and a 20-item batch every fifth
-/// request) until stopped; every request and its outcome is recorded.
+/// One conversion of [`Traffic`]: a purchase with a value, so that a re-send updates its row.
+pub fn purchase(external_id: &str, value: &str) -> Value {
+    json!({
+        "event": "purchase", "external_id": external_id, "occurred_at": now_ms() - 1000,
+        "value": value, "currency": "EUR",
+    })
+}
+
+/// Writes in a loop from one task per workspace until stopped, as the fault harness's clients
+/// do (tests/src/bin/faults.rs): singles, every other one an earlier pair of the workspace sent
+/// again with a new value (an update), and a 20-item batch every fifth request. Every request
+/// and its outcome is recorded, so that [`check_ledger`] finds a lost write and a stale value.
 pub struct Traffic {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
     /// Per workspace, when its latest successful request was sent.
     last_ok: std::sync::Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
+    /// Requests answered 2xx so far, all workspaces together.
+    acknowledged: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Traffic {
     pub fn start(client: Client, keys: &[TestKey]) -> Traffic {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let last_ok = std::sync::Arc::new(keys.iter().map(|_| std::sync::Mutex::new(None)).collect::<Vec<_>>());
+        let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let tasks = keys
             .iter()
             .cloned()
             .enumerate()
             .map(|(workspace, key)| {
-                let (client, stop, last_ok) = (client.clone(), stop.clone(), last_ok.clone());
+                let (client, stop, last_ok, acknowledged) =
+                    (client.clone(), stop.clone(), last_ok.clone(), acknowledged.clone());
                 tokio::spawn(async move {
                     let mut sent = Vec::new();
+                    let mut singles: Vec<String> = Vec::new();
+                    let prefix = ulid::Ulid::new().to_string();
                     let mut n = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         n += 1;
                         let started = Instant::now();
+                        let value = format!("{n}.{:02}", ulid::Ulid::new().random() % 100);
                         let (external_ids, status) = if n.is_multiple_of(5) {
-                            let items: Vec<Value> = (0..20).map(|_| conversion("lead")).collect();
-                            let ids = items
-                                .iter()
-                                .map(|i| i["external_id"].as_str().unwrap_or_default().to_owned())
-                                .collect();
+                            let ids: Vec<String> = (0..20).map(|i| format!("{prefix}-b{n}-{i}")).collect();
+                            let items: Vec<Value> = ids.iter().map(|id| purchase(id, &value)).collect();
                             let reply =
                                 client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
                             let all_ok = reply.body["results"]
@@ -948,16 +1002,23 @@ impl Traffic {
                                 .is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
                             (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
                         } else {
-                            let input = conversion("lead");
-                            let reply = client.post("/v1/conversions", &key, &input).await;
-                            (vec![input["external_id"].as_str().unwrap_or_default().to_owned()], reply.status)
+                            let earlier = (n.is_multiple_of(2) && !singles.is_empty()).then(|| {
+                                singles[(ulid::Ulid::new().random() % singles.len() as u128) as usize].clone()
+                            });
+                            let id = earlier.unwrap_or_else(|| {
+                                singles.push(format!("{prefix}-s{n}"));
+                                format!("{prefix}-s{n}")
+                            });
+                            let reply = client.post("/v1/conversions", &key, &purchase(&id, &value)).await;
+                            (vec![id], reply.status)
                         };
                         if (200..300).contains(&status) {
                             if let Ok(mut last) = last_ok[workspace].lock() {
                                 *last = Some(started);
                             }
+                            acknowledged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        sent.push(Sent { workspace, external_ids, status, started, took: started.elapsed() });
+                        sent.push(Sent { workspace, external_ids, value, status, started, took: started.elapsed() });
                         if !(200..300).contains(&status) {
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
@@ -966,7 +1027,12 @@ impl Traffic {
                 })
             })
             .collect();
-        Traffic { stop, tasks, last_ok }
+        Traffic { stop, tasks, last_ok, acknowledged }
+    }
+
+    /// Requests answered 2xx so far.
+    pub fn acknowledged(&self) -> usize {
+        self.acknowledged.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits until every workspace has had a success of a request sent after `fault_at`, for at
@@ -1024,36 +1090,76 @@ impl FaultReport {
     }
 }
 
-/// Waits until every external id acknowledged in `sent` is stored (up to `patience`) and returns
-/// the ones still missing.
-pub async fn missing_acknowledged(keys: &[TestKey], sent: &[Sent], patience: Duration) -> Vec<String> {
+/// PostgreSQL against what [`Traffic`] was told, as the fault harness checks it.
+#[derive(Debug, Default)]
+pub struct LedgerCheck {
+    /// Acknowledged pairs that are not stored.
+    pub missing: Vec<String>,
+    /// Pairs stored with a value sent before the last one acknowledged for them (a lost update
+    /// or a stale overwrite): the pair, the value stored, the values it may have.
+    pub wrong: Vec<(String, Option<String>, Vec<String>)>,
+    /// Pairs with an acknowledged update (a value acknowledged after another was sent).
+    pub updated: usize,
+}
+
+impl LedgerCheck {
+    pub fn is_clean(&self) -> bool {
+        self.missing.is_empty() && self.wrong.is_empty()
+    }
+}
+
+/// Every pair acknowledged in `sent` is stored, with the value last acknowledged for it or one
+/// sent after it; waits up to `patience` for writes still in flight (a write answered 500 is
+/// applied later) and returns what is still off then.
+pub async fn check_ledger(keys: &[TestKey], sent: &[Sent], patience: Duration) -> LedgerCheck {
+    /// Every value sent for a pair, in order, and the index of the last acknowledged.
+    type Sends<'a> = (Vec<&'a str>, Option<usize>);
+    let mut ledger: std::collections::BTreeMap<(usize, &str), Sends> = Default::default();
+    let mut in_order: Vec<&Sent> = sent.iter().collect();
+    in_order.sort_by_key(|s| s.started);
+    for s in in_order {
+        for id in &s.external_ids {
+            let (values, last) = ledger.entry((s.workspace, id.as_str())).or_default();
+            values.push(&s.value);
+            if (200..300).contains(&s.status) {
+                *last = Some(values.len() - 1);
+            }
+        }
+    }
     let db = database().await;
     let deadline = Instant::now() + patience;
     loop {
-        let mut missing = Vec::new();
-        for (index, key) in keys.iter().enumerate() {
-            let acknowledged: Vec<String> = sent
-                .iter()
-                .filter(|s| s.workspace == index && (200..300).contains(&s.status))
-                .flat_map(|s| s.external_ids.iter().cloned())
-                .collect();
-            let stored: std::collections::HashSet<String> = sqlx::query_scalar(
-                "SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)",
-            )
-            .bind(&key.workspace_id)
-            .bind(&acknowledged)
-            .fetch_all(&db)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-            missing.extend(acknowledged.into_iter().filter(|id| !stored.contains(id)));
+        let mut stored = Vec::new();
+        for key in keys {
+            stored.push(stored_values(&db, &key.workspace_id).await);
         }
-        if missing.is_empty() || Instant::now() > deadline {
-            return missing;
+        let mut check = LedgerCheck::default();
+        for ((workspace, id), (values, last)) in &ledger {
+            let Some(last) = *last else { continue };
+            check.updated += usize::from(last > 0);
+            match stored[*workspace].get(*id) {
+                None => check.missing.push((*id).to_owned()),
+                Some(value) => {
+                    let acceptable = &values[last..];
+                    if !value.as_deref().is_some_and(|v| acceptable.iter().any(|a| same_decimal(a, v))) {
+                        let acceptable = acceptable.iter().map(|a| (*a).to_owned()).collect();
+                        check.wrong.push(((*id).to_owned(), value.clone(), acceptable));
+                    }
+                }
+            }
+        }
+        if check.is_clean() || Instant::now() > deadline {
+            return check;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Two decimals as text are the same number ("12.50" is stored as 12.5 or 12.50).
+pub fn same_decimal(a: &str, b: &str) -> bool {
+    let norm =
+        |s: &str| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s.to_owned() };
+    norm(a) == norm(b)
 }
 
 /// Produces one write request message straight into a requests topic, as a gateway would (for

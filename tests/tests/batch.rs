@@ -1,7 +1,7 @@
 //! POST /v1/conversions/batch (docs/api.md, "POST /v1/conversions/batch").
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, topic_contents, OwnDatabase, Stack, StackOptions};
+use intake_tests::{conversion, database, stored_count, topic_contents, OwnDatabase, Stack, StackOptions};
 
 fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
@@ -71,12 +71,7 @@ async fn envelope_errors_are_answered_before_anything_is_written() {
         assert_eq!((reply.status, reply.error_code()), (422, "validation_failed"), "{path}");
         assert_eq!(reply.body["error"]["details"][0]["path"], json!(path));
     }
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or(-1);
-    assert_eq!(stored, 0);
+    assert_eq!(stored_count(&database().await, &key.workspace_id).await, 0);
 }
 
 #[tokio::test]
@@ -119,12 +114,7 @@ async fn a_failed_later_chunk_is_500_earlier_chunks_stay_and_the_resend_is_safe(
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&db)
-        .await
-        .unwrap_or(-1);
-    assert_eq!(stored, 100, "the first chunk stays committed");
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 100, "the first chunk stays committed");
     let dead = topic_contents(&format!("{}.requests.dlq", stack.topic_prefix));
     assert!(dead.contains(&poison), "the failed chunk went to the dead-letter topic");
 

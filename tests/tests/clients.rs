@@ -2,8 +2,9 @@
 //! for Python, node --test for TypeScript) runs as a subprocess with the stack's address and a
 //! key of its own, the way a user would point the library at the service. deploy/test.sh installs
 //! the tools and sets INTAKE_CLIENTS_PYTHON (a virtualenv's python with httpx, pytest and mypy; the
-//! library is imported from this checkout) and INTAKE_CLIENTS_NODE; INTAKE_CLIENTS=skip says
-//! they are not installed, and these tests then say so and pass.
+//! library is imported from this checkout) and INTAKE_CLIENTS_NODE. A tool that is missing fails
+//! these tests: only deploy/test.sh's filter (INTAKE_CLIENTS=skip) leaves them out of a run, and
+//! its summary says so.
 
 use intake_tests::Stack;
 use std::path::{Path, PathBuf};
@@ -13,17 +14,13 @@ fn clients() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("clients")
 }
 
-/// The tool's path from the environment, or None when the clients' tools are declared missing.
-fn tool(variable: &str) -> Option<String> {
-    if std::env::var("INTAKE_CLIENTS").is_ok_and(|v| v == "skip") {
-        eprintln!("INTAKE_CLIENTS=skip: the client libraries' tests do not run");
-        return None;
-    }
+/// The tool's path from the environment; a test without its tool fails.
+fn tool(variable: &str) -> String {
     let path = std::env::var(variable).unwrap_or_else(|_| {
-        panic!("{variable} is not set: run deploy/test.sh, which installs the client libraries' tools (or set INTAKE_CLIENTS=skip)")
+        panic!("{variable} is not set: run deploy/test.sh, which installs the client libraries' tools")
     });
     assert!(Path::new(&path).exists(), "{variable}={path} does not exist: run deploy/test.sh");
-    Some(path)
+    path
 }
 
 /// Runs the command to its end; its output is printed, and shown in the panic when it failed.
@@ -45,7 +42,7 @@ fn live(command: &mut Command, stack: &Stack) {
 
 #[tokio::test]
 async fn the_python_library_passes_its_tests_against_the_service() {
-    let Some(python) = tool("INTAKE_CLIENTS_PYTHON") else { return };
+    let python = tool("INTAKE_CLIENTS_PYTHON");
     let stack = Stack::start().await;
     let dir = clients().join("python");
     let mut command = Command::new(python);
@@ -60,7 +57,7 @@ async fn the_python_library_passes_its_tests_against_the_service() {
 
 #[tokio::test]
 async fn the_typescript_library_passes_its_tests_against_the_service() {
-    let Some(node) = tool("INTAKE_CLIENTS_NODE") else { return };
+    let node = tool("INTAKE_CLIENTS_NODE");
     let stack = Stack::start().await;
     let dir = clients().join("typescript");
     let tests: Vec<PathBuf> = std::fs::read_dir(dir.join("test"))
@@ -79,7 +76,7 @@ async fn the_typescript_library_passes_its_tests_against_the_service() {
 /// compiles to.
 #[test]
 fn the_typescript_dist_is_compiled_from_its_sources() {
-    let Some(node) = tool("INTAKE_CLIENTS_NODE") else { return };
+    let node = tool("INTAKE_CLIENTS_NODE");
     let dir = clients().join("typescript");
     let tsc = dir.join("node_modules/typescript/bin/tsc");
     assert!(tsc.exists(), "{} is missing: run deploy/test.sh (npm ci in clients/typescript)", tsc.display());

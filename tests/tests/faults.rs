@@ -1,10 +1,13 @@
 //! Faults lose nothing that was acknowledged.
 
-use intake_tests::serde_json::Value;
-use intake_tests::{conversion, database, wait_until, Stack, StackOptions};
+use intake_tests::serde_json::json;
+use intake_tests::{
+    check_ledger, conversion, database, purchase, stored_count, stored_values, wait_until, FaultReport, Stack,
+    StackOptions, Traffic,
+};
 use std::collections::BTreeSet;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn no_reply_stall() -> Vec<String> {
     vec!["--reply-stall-ms".into(), "600000".into()]
@@ -16,71 +19,50 @@ async fn a_writer_killed_under_traffic_loses_no_acknowledged_conversion() {
     // none is answered (tested in hardening.rs): the reply-stall time is far off.
     let mut stack = Stack::start_with(StackOptions {
         write_timeout_ms: 2_000,
+        requests_per_minute: 1_000_000,
+        conversions_per_minute: 100_000_000,
         gateway_args: no_reply_stall(),
         ..Default::default()
     })
     .await;
-    let key = stack.workspace();
-    let client = stack.client();
-    let sender = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            let mut outcomes: Vec<(Value, u16)> = Vec::new();
-            for _ in 0..150 {
-                let input = conversion("lead");
-                let reply = client.post("/v1/conversions", &key, &input).await;
-                outcomes.push((input["external_id"].clone(), reply.status));
-                if reply.status == 503 {
-                    // Refused at once: a client waits before it tries again (Retry-After), so
-                    // that the traffic goes on past the writer's return.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            outcomes
-        })
-    };
+    let keys = vec![stack.workspace()];
+    // New conversions and updates of earlier ones, as the fault harness's clients send them.
+    let traffic = Traffic::start(stack.client(), &keys);
     let db = database().await;
-    let stored_some = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-            .bind(&key.workspace_id)
-            .fetch_one(&db)
-            .await
-            .is_ok_and(|n| n >= 5)
-    };
+    let stored_some = || async { stored_count(&db, &keys[0].workspace_id).await >= 5 };
     wait_until("traffic being stored", Duration::from_secs(10), stored_some).await;
-    stack.stop_writers(false); // SIGKILL, mid-traffic
-                               // An outage of half a second, with requests arriving during it, is the fault under test.
+    let killed_at = Instant::now();
+    // SIGKILL, mid-traffic, and an outage of half a second with requests arriving during it.
+    stack.stop_writers(false);
     tokio::time::sleep(Duration::from_millis(500)).await;
     stack.start_writer();
-    let outcomes = sender.await.unwrap_or_default();
+    traffic.wait_recovered(killed_at, Duration::from_secs(30)).await;
+    // Some more writes and updates on the new writer.
+    let back = traffic.acknowledged();
+    wait_until("writes after the restart", Duration::from_secs(20), || async { traffic.acknowledged() >= back + 6 })
+        .await;
+    let sent = traffic.stop().await;
 
-    let acknowledged: BTreeSet<String> = outcomes
-        .iter()
-        .filter(|(_, status)| *status == 201)
-        .map(|(id, _)| id.as_str().unwrap_or_default().to_owned())
-        .collect();
+    let report = FaultReport::of(&sent, keys.len(), killed_at);
     // 503: refused before the body was read (the workspace got no answer for the stall time),
     // so never written; 500: accepted, in Kafka, applied by the next writer.
-    assert!(outcomes.iter().all(|(_, status)| [201, 500, 503].contains(status)), "{outcomes:?}");
-    let accepted = outcomes.iter().filter(|(_, status)| *status != 503).count();
-    assert!(acknowledged.len() > 10, "traffic went through before and after the kill");
-    // Requests answered 500 during the outage were still in Kafka: give the new writer time.
+    assert!(report.unexpected.is_empty(), "{report:?}");
+    assert!(report.recovered_after.is_some(), "writes came back: {report:?}");
+    let check = check_ledger(&keys, &sent, Duration::from_secs(10)).await;
+    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+    assert!(check.updated > 0, "the traffic updated rows: {check:?}");
+    // Requests answered 500 during the outage were still in Kafka: the new writer applied them.
+    let accepted: BTreeSet<&str> =
+        sent.iter().filter(|s| s.status != 503).flat_map(|s| s.external_ids.iter().map(String::as_str)).collect();
     let mut stored = BTreeSet::new();
     for _ in 0..100 {
-        stored = sqlx::query_scalar::<_, String>("SELECT external_id FROM conversions WHERE workspace_id = $1")
-            .bind(&key.workspace_id)
-            .fetch_all(&database().await)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        if stored.len() == accepted {
+        stored = stored_values(&db, &keys[0].workspace_id).await.into_keys().collect();
+        if stored.len() == accepted.len() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(acknowledged.is_subset(&stored), "every acknowledged conversion is stored");
-    assert_eq!(stored.len(), accepted, "even the ones answered 500 were applied in the end");
+    assert_eq!(stored.iter().map(String::as_str).collect::<BTreeSet<_>>(), accepted, "even the ones answered 500");
 }
 
 #[tokio::test]
@@ -108,12 +90,8 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
 
 /// The gateway's metrics count answers given from a key's last known answer.
 async fn assert_answered_from_last_known_keys(stack: &Stack) {
-    let metrics = stack.http.get(format!("{}/metrics", stack.ops_url)).send().await.unwrap_or_else(|e| panic!("{e}"));
-    let text = metrics.text().await.unwrap_or_default();
-    assert!(
-        text.lines().any(|l| l.starts_with(r#"intake_gateway_key_cache_total{result="stale"}"#)),
-        "the gateway answered from the last known key while the database did not: {text}"
-    );
+    let stale = stack.metrics().await.value(r#"intake_gateway_key_cache_total{result="stale"}"#);
+    assert!(stale >= 1.0, "the gateway answered from the last known key while the database did not");
 }
 
 /// A PostgreSQL server of the test's own, so that stopping it disturbs no other test.
@@ -222,13 +200,15 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     postgres.migrate();
     let stack = Stack::start_with(options).await;
     let key = stack.workspace();
-    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    // A row the outage's first write updates.
+    let updated = ulid::Ulid::new().to_string();
+    assert_eq!(stack.post("/v1/conversions", &key, &purchase(&updated, "1.25")).await.status, 201);
 
     postgres.stop();
     let outage = std::time::Instant::now();
     let mut during = Vec::new();
     for attempt in 0..3 {
-        let input = conversion("lead");
+        let input = if attempt == 0 { purchase(&updated, "2.25") } else { conversion("lead") };
         let reply = stack.post("/v1/conversions", &key, &input).await;
         // The first waits out the deadline; once the workspace has had no answer for the stall
         // time (the write timeout), its writes are refused before the body is read instead.
@@ -261,26 +241,17 @@ async fn a_database_outage_delays_writes_and_loses_none() {
         .connect(&postgres.url())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let ids: Vec<String> = during.iter().map(|i| i["external_id"].as_str().unwrap_or_default().to_owned()).collect();
-    let count = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE external_id = ANY($1)")
-            .bind(&ids)
-            .fetch_one(&db)
-            .await
-            .unwrap_or(0)
+    let value_of = |external_id: String| {
+        let db = &db;
+        let workspace_id = &key.workspace_id;
+        async move { stored_values(db, workspace_id).await.remove(&external_id).flatten() }
     };
-    // The first chunk reached Kafka in time: the writer applies it once the database is back.
-    // A chunk that reached Kafka after its deadline (the request waited on the key cache's
-    // look-up meanwhile) is never applied: its 500 stands, and the client re-sends.
-    let mut stored = 0;
-    for _ in 0..150 {
-        stored = count().await;
-        if stored >= 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(stored >= 1, "the writer retried through the outage and applied what reached Kafka in time");
+    // The first chunk, the update, reached Kafka in time (its key was in the gateway's cache):
+    // the writer applies it once the database is back. A chunk that reached Kafka after its
+    // deadline (the request waited on the key's look-up meanwhile) is never applied: its 500
+    // stands, and the client re-sends.
+    let applied = || async { value_of(updated.clone()).await.as_deref() == Some("2.25") };
+    wait_until("the update sent during the outage applied", Duration::from_secs(15), applied).await;
     for input in &during {
         let mut reply = stack.post("/v1/conversions", &key, input).await;
         for _ in 0..20 {
@@ -292,8 +263,15 @@ async fn a_database_outage_delays_writes_and_loses_none() {
         }
         assert!([200, 201].contains(&reply.status), "the client's re-send: {} {}", reply.status, reply.body);
     }
-    assert_eq!(count().await, during.len() as i64, "every write sent during the outage is stored after the re-send");
-    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    let stored = stored_values(&db, &key.workspace_id).await;
+    for input in &during {
+        let external_id = input["external_id"].as_str().unwrap_or_default();
+        assert!(stored.contains_key(external_id), "{external_id}, sent during the outage, is stored after the re-send");
+    }
+    assert_eq!(stored.len(), during.len(), "one row each (the first of them updated the row written before)");
+    let after = stack.post("/v1/conversions", &key, &purchase(&updated, "3.25")).await;
+    assert_eq!((after.status, &after.body["conversion"]["result"]), (200, &json!("updated")), "{after:?}");
+    assert_eq!(value_of(updated.clone()).await.as_deref(), Some("3.25"));
     assert!(stack.logs().contains("unavailable; retrying"), "the writer said it waits for the database");
     assert_answered_from_last_known_keys(&stack).await;
 }

@@ -12,14 +12,6 @@ fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
 }
 
-async fn stored(db: &sqlx::PgPool, workspace_id: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(workspace_id)
-        .fetch_one(db)
-        .await
-        .unwrap_or(-1)
-}
-
 /// A trigger on the test's own database that raises `sqlstate` for the item `external_id`.
 async fn refuse(db: &sqlx::PgPool, external_id: &str, sqlstate: &str) {
     let function = format!("refuse_{}", ulid::Ulid::new().to_string().to_lowercase());
@@ -57,7 +49,7 @@ async fn a_refused_middle_chunk_leaves_the_first_chunk_and_nothing_after_it() {
     items[150]["external_id"] = json!(poison);
     let reply = stack.post("/v1/conversions/batch", &key, &batch(items.clone())).await;
     assert_eq!((reply.status, reply.error_code()), (500, "internal_error"));
-    assert_eq!(stored(&db, &key.workspace_id).await, 100, "the first chunk only: a prefix, never a gap");
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 100, "the first chunk only: a prefix, never a gap");
     let third: Vec<&str> = items[200..].iter().filter_map(|i| i["external_id"].as_str()).collect();
     let third_stored: i64 =
         sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)")
@@ -117,7 +109,7 @@ async fn a_chunk_that_reached_kafka_after_its_deadline_is_never_applied() {
     later["external_id"] = json!(format!("later-{}", ulid::Ulid::new()));
     produce_request(&topic, &key.workspace_id, 0, &later).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while stored(&db, &key.workspace_id).await < 2 {
+    while stored_count(&db, &key.workspace_id).await < 2 {
         assert!(Instant::now() < deadline, "the chunk in time was not applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -129,12 +121,7 @@ async fn a_chunk_that_reached_kafka_after_its_deadline_is_never_applied() {
             .await
             .unwrap_or_default();
     assert_eq!(value, "10", "the acknowledged value stays");
-    let metrics = stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await;
-    let text = match metrics {
-        Ok(response) => response.text().await.unwrap_or_default(),
-        Err(error) => panic!("{error}"),
-    };
-    assert!(text.contains("intake_writer_messages_total{outcome=\"expired\"} 1"), "{text}");
+    assert_eq!(stack.writer_metrics(0).await.value(r#"intake_writer_messages_total{outcome="expired"}"#), 1.0);
 }
 
 /// Keys on the same request partition as `held`, and on others.

@@ -1,7 +1,7 @@
 //! Routing, the error object, the alias base and GET /v1/workspace.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, Stack};
+use intake_tests::{conversion, database, stored_values, Stack};
 use reqwest::Method;
 
 #[tokio::test]
@@ -34,14 +34,29 @@ async fn unknown_paths_are_not_found_with_the_error_object() {
 async fn the_alias_base_serves_v1() {
     let stack = Stack::start().await;
     let key = stack.workspace();
-    assert_eq!(stack.get("/api/v1/workspace", &key).await.status, 200);
+    let (alias, v1) = (stack.get("/api/v1/workspace", &key).await, stack.get("/v1/workspace", &key).await);
+    assert_eq!((alias.status, &alias.body), (200, &v1.body), "the same workspace answer on both bases");
+    assert_eq!(alias.body["workspace"]["id"], json!(key.workspace_id));
+
     let input = conversion("lead");
-    assert_eq!(stack.post("/api/v1/conversions", &key, &input).await.status, 201);
-    assert_eq!(stack.post("/v1/conversions", &key, &input).await.body["conversion"]["result"], "unchanged");
+    let created = stack.post("/api/v1/conversions", &key, &input).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let conversion = &created.body["conversion"];
+    assert_eq!((&conversion["result"], &conversion["external_id"]), (&json!("created"), &input["external_id"]));
+    let again = stack.post("/v1/conversions", &key, &input).await;
+    assert_eq!((again.status, &again.body["conversion"]["result"]), (200, &json!("unchanged")), "{again:?}");
+    assert_eq!(again.body["conversion"]["id"], conversion["id"], "the conversion the alias stored");
     let batch = stack.post("/api/v1/conversions/batch", &key, &json!({"conversions": [input]})).await;
-    assert_eq!(batch.status, 200);
+    assert_eq!(batch.status, 200, "{batch:?}");
+    let item = &batch.body["results"][0];
+    assert_eq!((&item["ok"], &item["conversion"]["result"]), (&json!(true), &json!("unchanged")), "{batch:?}");
+    assert_eq!(item["conversion"]["id"], conversion["id"]);
+    let stored = stored_values(&database().await, &key.workspace_id).await;
+    let external_id = input["external_id"].as_str().unwrap_or_default();
+    assert_eq!(stored.keys().collect::<Vec<_>>(), [external_id], "one row, stored through the alias");
+
     let missing = stack.send(Method::POST, "/api/v1/conversions", None, Some(&input)).await;
-    assert_eq!(missing.error_code(), "missing_api_key");
+    assert_eq!((missing.status, missing.error_code()), (401, "missing_api_key"));
 }
 
 #[tokio::test]
@@ -89,9 +104,13 @@ async fn workspace_response() {
 #[tokio::test]
 async fn openapi_needs_no_key() {
     let stack = Stack::start().await;
+    let mut documents = Vec::new();
     for path in ["/v1/openapi.json", "/api/v1/openapi.json"] {
         let reply = stack.send(Method::GET, path, None, None).await;
         assert_eq!(reply.status, 200);
         assert!(reply.body["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{:?}", reply.body);
+        assert!(reply.body["paths"]["/conversions"]["post"].is_object(), "{:?}", reply.body["paths"]);
+        documents.push(reply.body);
     }
+    assert_eq!(documents[0], documents[1], "one document on both bases");
 }

@@ -355,7 +355,8 @@ async fn server_errors_are_retried_until_the_writer_answers() {
     command.arg(&input).args(["--summary", "json", "--batch-size", "100", "--concurrency", "2", "--progress", "off"]);
     let sender = tokio::spawn(run(command, None));
     let answered_500 = || async {
-        stack.metrics().await.value("intake_gateway_requests_total{route=\"conversions_batch\",status=\"500\"}") >= 2.0
+        let series = r#"intake_gateway_requests_total{route="conversions_batch",status="500"}"#;
+        stack.metrics().await.get(series).is_some_and(|answered| answered >= 2.0)
     };
     wait_until("the sender being answered 500", Duration::from_secs(20), answered_500).await;
     stack.start_writer();

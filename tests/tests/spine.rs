@@ -1,7 +1,7 @@
 //! One conversion from HTTP through Kafka to PostgreSQL and back.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, join_all, Stack, StackOptions};
+use intake_tests::{conversion, database, join_all, stored_count, stored_values, Stack, StackOptions};
 use std::time::Duration;
 
 async fn stored(
@@ -140,13 +140,32 @@ async fn integer_and_string_external_id_are_one_conversion() {
 async fn workspaces_are_isolated() {
     let stack = Stack::start().await;
     let (a, b) = (stack.workspace(), stack.workspace());
-    let input = conversion("lead");
-    assert_eq!(stack.post("/v1/conversions", &a, &input).await.status, 201);
+    let mut input = conversion("lead");
+    let external_id = input["external_id"].as_str().unwrap_or_default().to_owned();
+    input["value"] = json!("1.25");
+    let in_a = stack.post("/v1/conversions", &a, &input).await;
+    assert_eq!((in_a.status, &in_a.body["conversion"]["result"]), (201, &json!("created")), "{in_a:?}");
+    input["value"] = json!("2.25");
+    let in_b = stack.post("/v1/conversions", &b, &input).await;
     assert_eq!(
-        stack.post("/v1/conversions", &b, &input).await.status,
-        201,
-        "same pair, other workspace: a new conversion"
+        (in_b.status, &in_b.body["conversion"]["result"]),
+        (201, &json!("created")),
+        "same pair, other workspace: a new conversion, not an update of the first: {in_b:?}"
     );
+    for field in ["id", "chain_id"] {
+        assert_ne!(in_a.body["conversion"][field], in_b.body["conversion"][field], "{field}");
+    }
+    // An update in B leaves A's row as it was.
+    input["value"] = json!("3.25");
+    let updated = stack.post("/v1/conversions", &b, &input).await;
+    assert_eq!((updated.status, &updated.body["conversion"]["result"]), (200, &json!("updated")), "{updated:?}");
+    assert_eq!(updated.body["conversion"]["id"], in_b.body["conversion"]["id"]);
+    let db = database().await;
+    let (stored_a, stored_b) = (stored_values(&db, &a.workspace_id).await, stored_values(&db, &b.workspace_id).await);
+    assert_eq!(stored_a.into_iter().collect::<Vec<_>>(), [(external_id.clone(), Some("1.25".to_owned()))]);
+    assert_eq!(stored_b.into_iter().collect::<Vec<_>>(), [(external_id.clone(), Some("3.25".to_owned()))]);
+    let a_row = stored(&a.workspace_id, "lead", &external_id).await.map(|row| row.0);
+    assert_eq!(a_row.as_deref(), in_a.body["conversion"]["id"].as_str(), "A's row is the one A was told of");
 }
 
 #[tokio::test]
@@ -165,12 +184,7 @@ async fn concurrent_sends_of_one_new_pair_create_it_once() {
     assert_eq!((created, unchanged), (1, 15), "{replies:?}");
     let ids: std::collections::BTreeSet<_> = replies.iter().map(|r| r.body["conversion"]["id"].to_string()).collect();
     assert_eq!(ids.len(), 1);
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or_default();
-    assert_eq!(count, 1);
+    assert_eq!(stored_count(&database().await, &key.workspace_id).await, 1);
 }
 
 #[tokio::test]

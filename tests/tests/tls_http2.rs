@@ -385,7 +385,8 @@ async fn well_behaved_http2_clients_are_served_fast_while_50_slow_streams_hang()
         }
         connections.push(connection);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let all_hanging = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") >= 50.0 };
+    wait_until("the 50 slow writes admitted", Duration::from_secs(10), all_hanging).await;
 
     let mut connection = H2::connect(&stack, Some(&cert)).await;
     let mut took = Vec::new();
@@ -476,12 +477,16 @@ async fn on_sigterm_an_http2_connection_finishes_its_request_then_closes() {
         .unwrap_or_else(|e| panic!("{e}"));
     stream.send_data(Bytes::from(conversion("lead").to_string()), true).unwrap_or_else(|e| panic!("{e}"));
     let in_flight = tokio::spawn(read_response(response));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
+    wait_until("the write in flight", Duration::from_secs(5), waiting).await;
 
     // No writer yet: the write waits. SIGTERM, then a writer: the write is answered on the
     // connection, which then closes (GOAWAY) and the gateway exits.
     let exited = stack.terminate_gateway();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let readyz = format!("{}/readyz", stack.ops_url);
+    let shutting_down =
+        || async { stack.http.get(&readyz).send().await.is_ok_and(|response| response.status().as_u16() == 503) };
+    wait_until("the gateway shutting down", Duration::from_secs(5), shutting_down).await;
     stack.start_writer();
     let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reply.map(|r| r.0).ok(), Some(201), "the request in flight was answered");
@@ -568,12 +573,11 @@ async fn http2_limits_concurrent_streams_and_header_lists() {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
-/// Waits, if needed, for a new one-minute rate-limit window with at least `needed` seconds left.
-async fn start_of_a_window(needed: u64) {
-    let second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() % 60;
-    if 60 - second < needed {
-        tokio::time::sleep(Duration::from_secs(60 - second)).await;
-    }
+/// A stack that allows one request per rate-limit window of 10 s, a key, and a window with at
+/// least `needed` left, whose end is returned.
+async fn one_request_a_window(needed: Duration) -> (Stack, TestKey, Instant) {
+    let options = StackOptions { requests_per_minute: 1, rate_limit_window_ms: 10_000, ..Default::default() };
+    Stack::with_window(options, needed).await
 }
 
 fn post_head(authorization: &str, length: usize) -> Vec<u8> {
@@ -585,10 +589,10 @@ const GET_OPENAPI: &[u8] = b"GET /v1/openapi.json HTTP/1.1\r\nHost: intake\r\n\r
 
 #[tokio::test]
 async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_body_is_large_or_late() {
-    let stack = Stack::start_with(StackOptions { requests_per_minute: 1, ..Default::default() }).await;
-    let key = stack.workspace();
-    start_of_a_window(15).await;
-    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "the one request of the minute");
+    // The refusals below fall into the window of the one request (the closes they lead to
+    // come after, and do not need it).
+    let (stack, key, window_end) = one_request_a_window(Duration::from_secs(6)).await;
+    assert_eq!(stack.get("/v1/workspace", &key).await.status, 200, "the one request of the window");
     let body = conversion("lead").to_string().into_bytes();
 
     // 429, the body sent with the head: no Connection: close, and the connection serves the next
@@ -619,17 +623,6 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
     assert_eq!((refused.status, refused.header("connection")), (429, Some("close")), "{refused:?}");
     assert!(large.closed_after(Duration::from_secs(5)).await.is_some(), "closed");
 
-    // A small body that never comes: answered at once, closed after the drain deadline (1 s).
-    let mut late = Raw::connect(&stack).await;
-    let started = Instant::now();
-    late.send(&post_head(&key.bearer(), body.len())).await;
-    assert_eq!(late.response().await.map(|r| r.status), Some(429));
-    // Answered without waiting for the body (the drain deadline is 1 s).
-    assert!(started.elapsed() < Duration::from_millis(900), "answered after {:?}", started.elapsed());
-    assert!(late.closed_after(Duration::from_secs(5)).await.is_some(), "still open");
-    let closed = started.elapsed();
-    assert!(closed >= Duration::from_millis(900) && closed < Duration::from_secs(4), "closed after {closed:?}");
-
     // More than the declared 64 KiB budget from a chunked body: closed too.
     let mut chunked = Raw::connect(&stack).await;
     chunked
@@ -639,13 +632,23 @@ async fn a_write_refused_before_its_body_keeps_its_http1_connection_unless_the_b
     let chunk = format!("{:x}\r\n{}\r\n", 70 * 1024, "a".repeat(70 * 1024));
     let _ = chunked.try_send(chunk.as_bytes()).await;
     assert!(chunked.closed_after(Duration::from_secs(5)).await.is_some(), "closed after 64 KiB");
+
+    // A small body that never comes: answered at once, closed after the drain deadline (1 s).
+    let mut late = Raw::connect(&stack).await;
+    let started = Instant::now();
+    late.send(&post_head(&key.bearer(), body.len())).await;
+    assert_eq!(late.response().await.map(|r| r.status), Some(429));
+    assert!(Instant::now() < window_end, "the refusals took longer than the window: lengthen it");
+    // Answered without waiting for the body (the drain deadline is 1 s).
+    assert!(started.elapsed() < Duration::from_millis(900), "answered after {:?}", started.elapsed());
+    assert!(late.closed_after(Duration::from_secs(5)).await.is_some(), "still open");
+    let closed = started.elapsed();
+    assert!(closed >= Duration::from_millis(900) && closed < Duration::from_secs(4), "closed after {closed:?}");
 }
 
 #[tokio::test]
 async fn a_refused_http2_stream_leaves_its_connection_open() {
-    let stack = Stack::start_with(StackOptions { requests_per_minute: 1, ..Default::default() }).await;
-    let key = stack.workspace();
-    start_of_a_window(10).await;
+    let (stack, key, window_end) = one_request_a_window(Duration::from_secs(4)).await;
     let mut connection = H2::connect(&stack, None).await;
     let body = conversion("lead").to_string().into_bytes();
     assert_eq!(
@@ -665,6 +668,7 @@ async fn a_refused_http2_stream_leaves_its_connection_open() {
         let (status, body) = read_response(response).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((status, body["error"]["code"].as_str()), (429, Some("rate_limited")), "{body}");
     }
+    assert!(Instant::now() < window_end, "the refusals took longer than the window: lengthen it");
     assert_eq!(
         connection.send(connection.request("GET", "/v1/openapi.json", None, None), None).await.map(|r| r.0).ok(),
         Some(200)

@@ -3,7 +3,7 @@
 //! normalized, nothing written.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, raw_http, topic_contents, Reply, Stack, StackOptions, TestKey};
+use intake_tests::{conversion, database, raw_http, stored_count, topic_contents, Reply, Stack, StackOptions, TestKey};
 use reqwest::Method;
 use std::time::{Duration, Instant};
 
@@ -12,14 +12,6 @@ const HASH: &str = "71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b1669
 
 fn batch(items: Vec<Value>) -> Value {
     json!({ "conversions": items })
-}
-
-async fn stored_conversions(key: &TestKey) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or(-1)
 }
 
 fn paths(error: &Value) -> Vec<&str> {
@@ -108,7 +100,7 @@ async fn every_item_is_answered_in_order_and_nothing_is_written() {
 
     // Nothing stored, nothing sent to the writers, and the conversion limit untouched: a real
     // send of 3 still fits.
-    assert_eq!(stored_conversions(&key).await, 0);
+    assert_eq!(stored_count(&database().await, &key.workspace_id).await, 0);
     assert_eq!(topic_contents(&format!("{}.requests", stack.topic_prefix)), "", "no Kafka message");
     let three: Vec<Value> = (0..3).map(|_| conversion("lead")).collect();
     let sent = stack.post("/v1/conversions/batch", &key, &batch(three.clone())).await;
@@ -229,7 +221,7 @@ async fn errors_come_in_the_batch_endpoints_order() {
     let five_hundred: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
     let reply = stack.post(PATH, &key, &batch(five_hundred)).await;
     assert_eq!(reply.body["summary"], json!({"valid": 500, "failed": 0}));
-    assert_eq!(stored_conversions(&key).await, 0);
+    assert_eq!(stored_count(&database().await, &key.workspace_id).await, 0);
 }
 
 #[tokio::test]

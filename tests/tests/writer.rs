@@ -66,10 +66,7 @@ async fn a_message_that_always_fails_is_dead_lettered_with_its_reasons_and_skipp
         assert!(letter.get("source_offset").is_some_and(|o| o.parse::<i64>().is_ok()), "{letter:?}");
         assert_eq!(letter.get("attempts").map(String::as_str), Some("3"), "{letter:?}");
     }
-    let metrics =
-        stack.http.get(format!("{}/metrics", stack.writer_ops_urls[0])).send().await.unwrap_or_else(|e| panic!("{e}"));
-    let text = metrics.text().await.unwrap_or_default();
-    assert!(text.contains(r#"intake_writer_dead_lettered_total{reason="apply_failed"} 2"#), "{text}");
+    assert_eq!(stack.writer_metrics(0).await.value(r#"intake_writer_dead_lettered_total{reason="apply_failed"}"#), 2.0);
 }
 
 #[tokio::test]
@@ -81,23 +78,15 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     assert_eq!(ready.status(), 200, "a writer in the group is ready");
     let batch: Vec<_> = (0..30).map(|_| conversion("lead")).collect();
     assert_eq!(stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await.status, 200);
-    let text = stack
-        .http
-        .get(format!("{ops}/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
-    for expected in [
-        r#"intake_writer_items_total{result="created"} 30"#,
-        r#"intake_writer_messages_total{outcome="applied"} 1"#,
-        "intake_writer_assigned_partitions 4",
-        "intake_writer_stalled 0",
-        "intake_writer_apply_seconds_count 1",
+    let metrics = stack.writer_metrics(0).await;
+    for (series, expected) in [
+        (r#"intake_writer_items_total{result="created"}"#, 30.0),
+        (r#"intake_writer_messages_total{outcome="applied"}"#, 1.0),
+        ("intake_writer_assigned_partitions", 4.0),
+        ("intake_writer_stalled", 0.0),
+        ("intake_writer_apply_seconds_count", 1.0),
     ] {
-        assert!(text.contains(expected), "{expected} in {text}");
+        assert_eq!(metrics.value(series), expected, "{series}");
     }
     assert_eq!(stack.http.get(format!("{ops}/healthz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0), 200);
 }
