@@ -16,13 +16,165 @@
 #                                   --sizes 0 for none): a database of their own, preloaded by
 #                                   COPY after a free-disk check (10 M take about 15 GB), dropped
 #                                   afterwards unless --keep-sized
+#   deploy/bench.sh --baseline REV [--rounds N]
+#                                   A/B against commit REV on this host: REV is built in a
+#                                   worktree of its own (~/.cache/intake/baseline, its own target
+#                                   directory), then the main scenarios of REV (its own load
+#                                   generator, migrations and binaries) and of the working tree run
+#                                   back to back, N rounds in alternating order (about 13 minutes
+#                                   a round); prints each scenario's ratio tree / REV and flags
+#                                   one slower by more than 10 % (exit status 3), also into
+#                                   bench/baseline-<REV>-<time>/comparison.md. No scale runs,
+#                                   runs at size or profile unless their variables ask for them.
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, ... see tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names
 # the database (default intake_bench; it is dropped and created again).
 source "$(dirname "$0")/lib.sh"
 
+# --baseline: the binaries of commit $1 in $INTAKE_CACHE/baseline/bin-<commit>, built once in a
+# worktree of their own with a target directory of their own, so that neither the shared
+# target's binaries nor anyone's working tree is touched. An old commit builds with its own
+# Cargo.toml (and so its own release profile). Prints the directory.
+ab_build_rev() {
+    local sha="$1" base="$INTAKE_CACHE/baseline" short="${1:0:12}"
+    local src="$base/src-$short" bin="$base/bin-$short"
+    if [ ! -f "$bin/.complete" ]; then
+        mkdir -p "$base"
+        if [ ! -d "$src" ]; then
+            git -C "$REPO" worktree prune
+            git -C "$REPO" worktree add --detach --quiet "$src" "$sha" >&2
+        fi
+        say "building $short in $src (target $base/target; once per commit)"
+        (cd "$src" && CARGO_TARGET_DIR="$base/target" cargo build --release --workspace --bins --quiet) >&2
+        ab_copy_bins "$base/target/release" "$bin"
+    fi
+    echo "$bin"
+}
+
+# Copies the executables of a release directory: a snapshot, since the shared target's can be
+# rebuilt by someone else during the hour a few rounds take.
+ab_copy_bins() {
+    local from="$1" to="$2" file
+    rm -rf "$to" && mkdir -p "$to"
+    for file in "$from"/*; do
+        if [ -f "$file" ] && [ -x "$file" ]; then cp "$file" "$to/"; fi
+    done
+    touch "$to/.complete"
+}
+
+# One side of a round: a fresh database migrated by the side's own writer, then the side's own
+# load generator (its scenarios as that commit defined them) from the side's tree.
+ab_side() {
+    local tree="$1" bin="$2" out="$3" database="intake_bench_ab"
+    psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$database\" WITH (FORCE)" >/dev/null
+    create_database "$database"
+    mkdir -p "$out"
+    (
+        export DATABASE_URL="$(database_url "$database")" INTAKE_BIN_DIR="$bin" INTAKE_BENCH_OUT="$out"
+        export INTAKE_KAFKA_VERSION="$KAFKA_VERSION"
+        export INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-0}" INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}"
+        export INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-0}"
+        "$bin/intake-writer" migrate >/dev/null
+        cd "$tree" && "$bin/loadgen"
+    ) >"$out/loadgen.log" 2>&1 || { tail -n 20 "$out/loadgen.log" >&2; return 1; }
+}
+
+# deploy/bench.sh --baseline REV --rounds N
+ab_run() {
+    local rev="$1" rounds="$2" sha short rev_bin tree_bin out round side
+    sha="$(git -C "$REPO" rev-parse --verify --quiet "$rev^{commit}")" || { say "no commit $rev"; return 2; }
+    short="${sha:0:12}"
+    start_infrastructure
+    command -v pgbench >/dev/null || { say "installing pgbench"; as_root apt-get install -y -qq postgresql-contrib >/dev/null; }
+    command -v wrk >/dev/null || { say "installing wrk"; as_root apt-get install -y -qq wrk >/dev/null || true; }
+    rev_bin="$(ab_build_rev "$sha")"
+    say "building the working tree ($CARGO_TARGET_DIR/release)"
+    (cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
+    tree_bin="$INTAKE_CACHE/baseline/bin-tree"
+    ab_copy_bins "$CARGO_TARGET_DIR/release" "$tree_bin"
+    out="$REPO/bench/baseline-$short-$(date -u +%Y%m%dT%H%M%S)"
+    mkdir -p "$out"
+    for round in $(seq "$rounds"); do
+        # Alternating order, so that a drift of the machine's load over a round favours neither.
+        local order="rev tree"
+        [ $((round % 2)) = 0 ] && order="tree rev"
+        for side in $order; do
+            say "round $round/$rounds: $([ "$side" = rev ] && echo "$short" || echo "working tree") (about 6 minutes)"
+            if [ "$side" = rev ]; then
+                ab_side "$INTAKE_CACHE/baseline/src-$short" "$rev_bin" "$out/rev-$round"
+            else
+                ab_side "$REPO" "$tree_bin" "$out/tree-$round"
+            fi
+        done
+    done
+    ab_compare "$out" "$short" | tee "$out/comparison.md"
+}
+
+# The table of tree / REV per scenario (medians over the rounds); exit status 3 when a scenario
+# is slower by more than 10 %: less throughput, or more latency.
+ab_compare() {
+    python3 - "$1" "$2" <<'EOF'
+import json, pathlib, statistics, sys
+
+out, rev = pathlib.Path(sys.argv[1]), sys.argv[2]
+def reports(side):
+    return [json.loads(p.read_text()) for p in sorted(out.glob(f"{side}-*/report.json"))]
+a, b = reports("rev"), reports("tree")
+if not a or not b:
+    sys.exit("no reports to compare")
+# (scenario, metric, higher is better)
+rows = [("batch_ingest", "items_per_s", True), ("batch_resend", "items_per_s", True),
+        ("single_32", "requests_per_s", True), ("single_32", "p50_ms", False),
+        ("single_200rps", "p50_ms", False), ("single_200rps", "p99_ms", False),
+        ("direct_apply", "items_per_s", True), ("pg_upsert", "items_per_s", True),
+        ("reject_401", "requests_per_s", True), ("reject_422", "requests_per_s", True),
+        ("workspace_read", "requests_per_s", True)]
+def median(runs, scenario, metric):
+    values = [r[scenario][metric] for r in runs if scenario in r and metric in r[scenario]]
+    return statistics.median(values) if values else None
+def pg_ms(runs, scenario, metric):
+    # PostgreSQL's CPU per request or item of the scenario: its cores over the rate.
+    values = []
+    for r in runs:
+        rate = r.get(scenario, {}).get(metric)
+        cores = r.get("scenario_details", {}).get(scenario, {}).get("cores", {}).get("postgresql")
+        if rate and cores is not None:
+            values.append(cores / rate * 1000)
+    return statistics.median(values) if values else None
+print(f"# A/B: working tree against {rev}, {len(a)} round(s), medians\n")
+print(f"| scenario | metric | {rev} | working tree | tree / {rev} | |")
+print("|---|---|---|---|---|---|")
+flagged = []
+for scenario, metric, higher in rows:
+    x, y = median(a, scenario, metric), median(b, scenario, metric)
+    if x is None or y is None or x == 0:
+        continue
+    ratio = y / x
+    slower = ratio < 1 / 1.1 if higher else ratio > 1.1
+    if slower:
+        flagged.append(f"{scenario} {metric}")
+    print(f"| {scenario} | {metric} | {x:g} | {y:g} | {ratio:.2f} | {'**slower**' if slower else ''} |")
+for scenario, metric in [("single_32", "requests_per_s"), ("single_200rps", "requests_per_s"),
+                         ("batch_ingest", "items_per_s"), ("direct_apply", "items_per_s")]:
+    x, y = pg_ms(a, scenario, metric), pg_ms(b, scenario, metric)
+    if x and y:
+        unit = "request" if metric == "requests_per_s" else "item"
+        slower = y / x > 1.1
+        if slower:
+            flagged.append(f"{scenario} PostgreSQL CPU")
+        print(f"| {scenario} | PostgreSQL CPU ms per {unit} | {x:.3f} | {y:.3f} | {y / x:.2f} | {'**slower**' if slower else ''} |")
+machine = lambda runs: statistics.median(r["machine"].get("busy_cores_before_run", 0) for r in runs)
+print(f"\nBusy cores before the runs (other load): {rev} {machine(a):g}, working tree {machine(b):g}.")
+if flagged:
+    print(f"\nSlower by more than 10 %: {', '.join(flagged)}.")
+    sys.exit(3)
+EOF
+}
+
 micro=0
+baseline=""
+rounds=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" \
@@ -39,11 +191,18 @@ while [ $# -gt 0 ]; do
         --no-scale) export INTAKE_BENCH_SCALE=0 ;;
         --no-profile) export INTAKE_BENCH_PROFILE_SECONDS=0 ;;
         --micro) micro=1 ;;
-        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --baseline) baseline="$2"; shift ;;
+        --rounds) rounds="$2"; shift ;;
+        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift
 done
+
+if [ -n "$baseline" ]; then
+    ab_run "$baseline" "$rounds"
+    exit $?
+fi
 
 start_infrastructure
 command -v pgbench >/dev/null || { say "installing pgbench"; as_root apt-get install -y -qq postgresql-contrib >/dev/null; }
@@ -65,7 +224,7 @@ create_database "$database"
 export DATABASE_URL="$(database_url "$database")"
 
 say "building the release binaries ($CARGO_TARGET_DIR/release)"
-(cd "$REPO" && cargo build --release --workspace --bins --quiet)
+(cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
 export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release"
 "$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
 export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
