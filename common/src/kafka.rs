@@ -61,10 +61,11 @@ pub fn reply_reader(args: &KafkaArgs) -> ClientConfig {
 /// How long a writer that died without leaving the group keeps its partitions.
 pub const WRITER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The writers' consumer of `intake.requests`, in one consumer group.
-pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> ClientConfig {
+/// The writers' consumer of `intake.requests`, in one consumer group. Refused when the
+/// operator's options select an incremental rebalance protocol (see [`refuse_incremental`]).
+pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> Result<ClientConfig, String> {
     let session_ms = WRITER_SESSION_TIMEOUT.as_millis().to_string();
-    config(
+    let config = config(
         args,
         &[
             ("group.id", group_id),
@@ -84,8 +85,41 @@ pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> ClientConfig {
             // Per-partition lag for /metrics and the stall check of /readyz (writer/src/health.rs).
             ("statistics.interval.ms", "2000"),
             ("socket.nagle.disable", "true"),
+            // What librdkafka fetches ahead of the writer is memory outside its read budget
+            // (docs/operations.md, "Writer memory"), bounded here: the local queue holds 8 MiB
+            // of messages whatever the number of partitions (librdkafka's default is 64 MiB)...
+            ("queued.max.messages.kbytes", "8192"),
+            // ...which binds before this count per partition (default 100,000)...
+            ("queued.min.messages", "1000"),
+            // ...plus one fetch response in flight per broker of at most 4 MiB (default 50 MiB),
+            // at most 1 MiB of it per partition (a larger message still comes, alone).
+            ("fetch.max.bytes", "4194304"),
+            ("max.partition.fetch.bytes", "1048576"),
         ],
-    )
+    );
+    refuse_incremental(&config)?;
+    Ok(config)
+}
+
+/// The writer relies on eager rebalancing: at every rebalance it drops what it read and not yet
+/// answered, and every partition is assigned again from its committed offset. An incremental
+/// rebalance (the `cooperative-sticky` assignor, or the `consumer` group protocol of KIP-848)
+/// keeps some partitions assigned across it: their messages read before it would be dropped
+/// while their fetch positions move on, a gap inside a workspace's order.
+fn refuse_incremental(config: &ClientConfig) -> Result<(), String> {
+    let strategy = config.get("partition.assignment.strategy").unwrap_or_default();
+    if strategy.split(',').any(|s| s.trim().to_ascii_lowercase().starts_with("cooperative")) {
+        return Err(format!(
+            "INTAKE_KAFKA_OPTIONS: partition.assignment.strategy={strategy} is refused: the writer needs eager \
+             rebalancing (range or roundrobin); an incremental rebalance would skip messages it had read"
+        ));
+    }
+    if config.get("group.protocol").is_some_and(|p| p.trim().eq_ignore_ascii_case("consumer")) {
+        return Err("INTAKE_KAFKA_OPTIONS: group.protocol=consumer is refused: its rebalances are incremental, and \
+                    the writer needs eager rebalancing (group.protocol=classic with range or roundrobin)"
+            .to_owned());
+    }
+    Ok(())
 }
 
 /// The writer's producer of replies (`intake.replies`) and dead letters (`intake.requests.dlq`).
@@ -160,10 +194,40 @@ mod tests {
         for config in [
             request_producer(&a, Duration::from_secs(1)),
             reply_reader(&a),
-            writer_consumer(&a, "g"),
+            writer_consumer(&a, "g").unwrap_or_else(|e| panic!("{e}")),
             writer_producer(&a),
         ] {
             assert_eq!(config.get("fetch.wait.max.ms"), None);
         }
+    }
+
+    #[test]
+    fn the_writer_refuses_incremental_rebalancing_with_a_clear_error() {
+        for option in [
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("partition.assignment.strategy", "range, Cooperative-Sticky"),
+            ("group.protocol", "consumer"),
+        ] {
+            let Err(refused) = writer_consumer(&args(&[option]), "g") else { panic!("{option:?} accepted") };
+            assert!(refused.contains(option.0) && refused.contains("eager"), "{refused}");
+        }
+        for eager in ["range", "roundrobin", "range,roundrobin"] {
+            assert!(writer_consumer(&args(&[("partition.assignment.strategy", eager)]), "g").is_ok());
+        }
+        assert!(writer_consumer(&args(&[("group.protocol", "classic")]), "g").is_ok());
+    }
+
+    #[test]
+    fn the_writers_prefetch_is_bounded_and_an_operator_may_change_it() {
+        let config = writer_consumer(&args(&[]), "g").unwrap_or_else(|e| panic!("{e}"));
+        let prefetch: Vec<_> =
+            ["queued.max.messages.kbytes", "queued.min.messages", "fetch.max.bytes", "max.partition.fetch.bytes"]
+                .iter()
+                .map(|key| config.get(key).and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX))
+                .collect();
+        assert_eq!(prefetch, [8192, 1000, 4 << 20, 1 << 20]);
+        let tuned =
+            writer_consumer(&args(&[("queued.max.messages.kbytes", "4096")]), "g").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(tuned.get("queued.max.messages.kbytes"), Some("4096"));
     }
 }

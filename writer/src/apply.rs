@@ -1,43 +1,136 @@
-//! A worker: takes a workspace's next messages from the scheduler, applies them in one
-//! transaction, answers each, and hands the group back. A workspace whose lock is held elsewhere
-//! is handed back at once, unapplied, and the worker goes on with another one. A run that fails
-//! for any reason but an outage is applied again one message at a time, so that only the bad
-//! message fails; that one is dead-lettered after its attempts, its request is marked failed,
-//! and the later chunks of that request are answered failed without being applied.
+//! A worker: takes a workspace's next messages from the scheduler and answers each of them, in
+//! order, then hands the group back. The chunks to apply go to PostgreSQL together, in one
+//! transaction; a chunk that reached the topic after its deadline, a message that cannot be
+//! read and one whose reply partition does not exist are answered where they stand in the
+//! workspace's order: their request is marked failed (so that no later chunk of it is applied)
+//! and, but for the expired chunk, the message is dead-lettered. The group's replies leave
+//! together, in one round trip.
+//!
+//! A workspace whose lock is held elsewhere is handed back at once, unapplied, and the worker
+//! goes on with another one. A run that fails for any reason but an outage is applied again one
+//! message at a time, so that only the bad message fails; that one is dead-lettered after its
+//! attempts, its request is marked failed, and the later chunks of that request are answered
+//! failed without being applied.
 
-use crate::consume::{Consumer, Request};
-use crate::metrics::{self, Metrics};
-use crate::outbox::{request_id, DeadLetter, Outbox};
+use crate::inbox::{record, Body, BoxFuture, Inbound, Partitions};
+use crate::metrics::Metrics;
+use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
-use crate::schedule::{Group, Scheduler};
+use crate::schedule::{Group, Scheduler, Taken};
 use crate::store::{self, Chunk, Lock, Run};
-use intake_common::message::{ChunkOutcome, WriteRequestV1};
-use rdkafka::message::{Message, OwnedMessage};
+use intake_common::message::{ChunkOutcome, RequestPart, WriteRequestV1};
 use sqlx::PgPool;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
+/// What a worker asks of PostgreSQL: `store.rs` on the pool in the writer; a double in the
+/// tests, which thereby cover the worker's rules without a database (what the statements do is
+/// covered by the end-to-end tests).
+pub trait Store: Send + Sync {
+    /// One workspace's chunks in one transaction, or [`Run::Busy`] at once when its lock is
+    /// held elsewhere.
+    fn apply_run<'a>(
+        &'a self,
+        workspace_id: &'a str,
+        requests: &'a [&'a WriteRequestV1],
+    ) -> BoxFuture<'a, Result<Run, sqlx::Error>>;
+
+    /// No chunk of the request after `part` is applied, by any writer.
+    fn mark_failed<'a>(
+        &'a self,
+        workspace_id: &'a str,
+        part: &'a RequestPart,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+
+    /// Whether PostgreSQL takes writes at all (`retry::Failure::MaybeOutage`).
+    fn takes_writes(&self) -> BoxFuture<'_, bool>;
+}
+
+impl Store for PgPool {
+    fn apply_run<'a>(
+        &'a self,
+        workspace_id: &'a str,
+        requests: &'a [&'a WriteRequestV1],
+    ) -> BoxFuture<'a, Result<Run, sqlx::Error>> {
+        Box::pin(store::apply_run(self, workspace_id, requests, Lock::Try))
+    }
+
+    fn mark_failed<'a>(
+        &'a self,
+        workspace_id: &'a str,
+        part: &'a RequestPart,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(store::mark_request_failed(self, workspace_id, part))
+    }
+
+    fn takes_writes(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move { store::probe_writes(self).await.is_ok() })
+    }
+}
+
 pub struct Worker {
-    pub pool: PgPool,
+    pub store: Arc<dyn Store>,
     pub outbox: Arc<Outbox>,
-    pub scheduler: Arc<Scheduler<Request>>,
-    pub consumer: Consumer,
+    pub scheduler: Arc<Scheduler<Inbound>>,
+    pub partitions: Arc<dyn Partitions>,
     pub metrics: Arc<Metrics>,
     pub policy: Policy,
+    /// A workspace found busy counts as progress of its partitions while it has waited less
+    /// than this (docs/operations.md, "Ops ports").
+    pub wait_bound: Duration,
+    pub failpoint: Option<Failpoint>,
+}
+
+/// A test's failpoint, off unless `INTAKE_WRITER_FAILPOINT_PANIC` is set to
+/// `<workspace id>[:<times>]`: a worker that takes that workspace's messages panics, `times`
+/// times (1 if not given).
+pub struct Failpoint {
+    workspace_id: String,
+    left: AtomicU32,
+}
+
+impl Failpoint {
+    pub fn from_env() -> Option<Failpoint> {
+        let value = std::env::var("INTAKE_WRITER_FAILPOINT_PANIC").ok().filter(|v| !v.is_empty())?;
+        let (workspace_id, times) = match value.split_once(':') {
+            Some((workspace_id, times)) => (workspace_id, times.parse().unwrap_or(1)),
+            None => (value.as_str(), 1),
+        };
+        tracing::warn!(workspace_id, times, "failpoint set: workers will panic on this workspace");
+        Some(Failpoint { workspace_id: workspace_id.to_owned(), left: AtomicU32::new(times) })
+    }
+
+    fn hit(&self, workspace_id: &str) {
+        let fire = self.workspace_id == workspace_id
+            && self.left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).is_ok();
+        assert!(!fire, "failpoint: a worker dies holding workspace {workspace_id}");
+    }
 }
 
 /// How one message was answered.
 struct Answer {
     outcome: ChunkOutcome,
     label: &'static str,
+    /// Whether a reply is sent (a message whose reply partition does not exist gets none).
+    reply: bool,
 }
 
-/// What became of a group: its first messages were answered; the rest, if any, wait for their
-/// workspace's lock.
-struct Handled {
-    answers: Vec<Answer>,
+impl Answer {
+    fn failed() -> Answer {
+        Answer { outcome: ChunkOutcome::Failed, label: "failed", reply: true }
+    }
 }
 
+/// Why a message is answered without being applied.
+enum Unapplied {
+    Expired,
+    Unreadable,
+    Unanswerable(Unanswerable),
+}
+
+#[derive(Clone)]
 pub struct Signals {
     /// Take no new group.
     pub shutdown: watch::Receiver<bool>,
@@ -51,35 +144,100 @@ impl Worker {
     pub async fn work(self: Arc<Self>, signals: Signals) {
         let Signals { mut shutdown, mut abort } = signals;
         loop {
-            let group = tokio::select! {
+            let taken = tokio::select! {
                 biased;
                 () = shutdown_asked(&mut shutdown) => return,
-                group = self.scheduler.take() => group,
+                taken = self.scheduler.take() => taken,
             };
-            if !self.consumer.current(group.generation) {
-                // Read before a rebalance: the partitions' owners read it again.
-                self.consumer.resume(self.scheduler.rebalanced(self.consumer.generation()));
-                continue;
+            if self.step(taken, &mut abort).await.is_err() {
+                return;
             }
-            let Ok(handled) = self.handle(&group, &mut abort).await else { return };
-            self.answer(&group, &handled.answers, &mut abort).await;
-            let partitions: Vec<i32> = group.messages.iter().map(|q| q.partition).collect();
-            let generation = group.generation;
-            let afterwards = self.scheduler.finish(group, handled.answers.len());
-            self.consumer.store(generation, &afterwards.store);
-            self.consumer.resume(afterwards.resume);
-            // Finding a workspace busy is progress too: the worker is alive, and the wait is
-            // the workspace's, not the writer's.
-            self.consumer.progressed(&partitions);
         }
     }
 
+    /// Answers one group and hands it back.
+    async fn step(&self, taken: Taken<'_, Inbound>, abort: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let group = taken.group();
+        let generation = group.generation;
+        if generation != self.partitions.generation() {
+            // Read before a rebalance: the partitions' owners read it again.
+            self.partitions.resume(&self.scheduler.rebalanced(self.partitions.generation()));
+            return Ok(());
+        }
+        let mut partitions: Vec<i32> = group.messages.iter().map(|q| q.partition).collect();
+        partitions.dedup();
+        let answers = self.handle(group, abort).await?;
+        self.answer(group, &answers, abort).await;
+        let answered = answers.len();
+        let afterwards = taken.finish(answered);
+        self.partitions.store(generation, &afterwards.store);
+        self.partitions.resume(&afterwards.resume);
+        // A workspace found busy is progress too while the wait is short: the worker is alive,
+        // and the wait is the workspace's, not the writer's. Past the bound it no longer is.
+        match afterwards.waited {
+            Some(waited) if answered == 0 && waited >= self.wait_bound => self.partitions.held(&partitions),
+            _ => self.partitions.progressed(&partitions),
+        }
+        Ok(())
+    }
+
+    /// The answers of the group's first messages, in order: all of them, unless the workspace's
+    /// lock is held elsewhere.
     async fn handle(
         &self,
-        group: &Group<Request>,
+        group: &Group<Inbound>,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<Handled, Interrupted> {
-        let requests: Vec<&WriteRequestV1> = group.messages.iter().map(|q| &q.message.request).collect();
+    ) -> Result<Vec<Answer>, Interrupted> {
+        if group.panics >= self.policy.max_attempts {
+            // The message that workers died on, again and again: given up on like one that
+            // fails for good (the group is that message alone).
+            let mut answers = Vec::new();
+            if let Some(queued) = group.messages.first() {
+                let error = format!("{} workers died applying it", group.panics);
+                answers.push(self.give_up(&queued.message, "worker_died", error, group.panics, shutdown).await?);
+            }
+            return Ok(answers);
+        }
+        if let Some(failpoint) = &self.failpoint {
+            failpoint.hit(&group.workspace_id);
+        }
+        let mut answers = Vec::with_capacity(group.messages.len());
+        let mut run: Vec<&Inbound> = Vec::new();
+        for queued in &group.messages {
+            let message = &queued.message;
+            let unapplied = match &message.body {
+                Body::Request(request) => {
+                    match self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
+                        Ok(()) => {
+                            run.push(message);
+                            continue;
+                        }
+                        Err(unanswerable) => Unapplied::Unanswerable(unanswerable),
+                    }
+                }
+                Body::Expired(_) => Unapplied::Expired,
+                Body::Unreadable(_) => Unapplied::Unreadable,
+            };
+            // What came before it is applied first.
+            if !self.apply(&std::mem::take(&mut run), &mut answers, shutdown).await? {
+                return Ok(answers);
+            }
+            answers.push(self.answer_unapplied(message, unapplied, shutdown).await?);
+        }
+        self.apply(&run, &mut answers, shutdown).await?;
+        Ok(answers)
+    }
+
+    /// Applies a run of one workspace's chunks; false when its lock was held elsewhere before
+    /// all of them were applied.
+    async fn apply(
+        &self,
+        run: &[&Inbound],
+        answers: &mut Vec<Answer>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<bool, Interrupted> {
+        let requests: Vec<&WriteRequestV1> = run.iter().filter_map(|m| applicable(m)).collect();
+        let Some(first) = requests.first() else { return Ok(true) };
         let started = std::time::Instant::now();
         let once = Policy { max_attempts: 1, ..self.policy };
         let together = once
@@ -88,108 +246,158 @@ impl Worker {
                 &self.metrics,
                 None,
                 shutdown,
-                || store::apply_run(&self.pool, &group.workspace_id, &requests, Lock::Try),
-                || takes_writes(&self.pool),
+                || self.store.apply_run(&first.workspace_id, &requests),
+                || self.store.takes_writes(),
             )
             .await;
-        let handled = match together {
-            Ok(Run::Done(chunks)) => Handled { answers: chunks.into_iter().map(answer).collect() },
-            Ok(Run::Busy) | Err(Stop::Busy { .. }) => Handled { answers: Vec::new() },
+        let before = answers.len();
+        let complete = match together {
+            Ok(Run::Done(chunks)) => {
+                let complete = chunks.len() == requests.len();
+                answers.extend(chunks.into_iter().map(answer));
+                complete
+            }
+            Ok(Run::Busy) | Err(Stop::Busy { .. }) => false,
             Err(Stop::Interrupted) => return Err(Interrupted),
             // Something in the run fails for good: one by one, so that only that one fails.
             Err(Stop::GaveUp { .. }) => {
-                let mut answers = Vec::with_capacity(group.messages.len());
-                for queued in &group.messages {
-                    match self.apply_one(&queued.message, shutdown).await? {
+                let mut complete = true;
+                for message in run {
+                    match self.apply_one(message, shutdown).await? {
                         Some(answer) => answers.push(answer),
-                        None => return Ok(Handled { answers }),
+                        None => {
+                            complete = false;
+                            break;
+                        }
                     }
                 }
-                Handled { answers }
+                complete
             }
         };
-        if !handled.answers.is_empty() {
+        if answers.len() > before {
             self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
         }
-        Ok(handled)
+        Ok(complete)
     }
 
     /// One message through the policy's attempts; `None` when its workspace is busy.
     async fn apply_one(
         &self,
-        queued: &Request,
+        message: &Inbound,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Answer>, Interrupted> {
-        let request = &queued.request;
+        let Some(request) = applicable(message) else { return Ok(Some(Answer::failed())) };
         let run = [request];
         let applying = self.policy.run_probed(
             "apply",
             &self.metrics,
             None,
             shutdown,
-            || store::apply_run(&self.pool, &request.workspace_id, &run, Lock::Try),
-            || takes_writes(&self.pool),
+            || self.store.apply_run(&request.workspace_id, &run),
+            || self.store.takes_writes(),
         );
         match applying.await {
             Ok(Run::Done(mut chunks)) => Ok(chunks.pop().map(answer)),
             Ok(Run::Busy) | Err(Stop::Busy { .. }) => Ok(None),
             Err(Stop::Interrupted) => Err(Interrupted),
             Err(Stop::GaveUp { error, attempts }) => {
-                self.fail_request(request, shutdown).await?;
-                let letter =
-                    DeadLetter { reason: "apply_failed", error: error.to_string(), attempts, message: &queued.message };
-                self.outbox.dead_letter(letter, shutdown).await?;
-                Ok(Some(Answer { outcome: ChunkOutcome::Failed, label: "failed" }))
+                Ok(Some(self.give_up(message, "apply_failed", error.to_string(), attempts, shutdown).await?))
             }
         }
     }
 
-    /// Marks the request failed before its next chunk can be applied (the worker holds the
-    /// workspace until then). Retried through outages; a mark that fails for good is logged.
-    pub async fn fail_request(
+    /// Fails the message's request, dead-letters it and answers it failed.
+    async fn give_up(
         &self,
-        request: &WriteRequestV1,
+        message: &Inbound,
+        reason: &'static str,
+        error: String,
+        attempts: u32,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted> {
-        fail_request(&self.pool, self.policy, &self.metrics, &request.workspace_id, request.request.as_ref(), shutdown)
-            .await
+    ) -> Result<Answer, Interrupted> {
+        self.fail_request(message, shutdown).await?;
+        self.outbox.dead_letter(DeadLetter { reason, error, attempts, message }, shutdown).await?;
+        Ok(Answer::failed())
     }
 
-    async fn answer(&self, group: &Group<Request>, answers: &[Answer], shutdown: &mut watch::Receiver<bool>) {
-        let answered = group.messages.iter().zip(answers);
-        for (queued, answer) in answered.clone() {
-            record(&self.metrics, &queued.message.message, &queued.message.request, answer.label, &answer.outcome);
+    async fn answer_unapplied(
+        &self,
+        message: &Inbound,
+        unapplied: Unapplied,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<Answer, Interrupted> {
+        match unapplied {
+            // Its gateway answered 500 before it reached the topic. Its request is failed too,
+            // so that the prefix rule does not rest on append times being in order (a later
+            // chunk appended in time after a leader change is not applied either).
+            Unapplied::Expired => {
+                self.fail_request(message, shutdown).await?;
+                Ok(Answer { outcome: ChunkOutcome::Expired, label: "expired", reply: true })
+            }
+            Unapplied::Unreadable => {
+                let Body::Unreadable(unreadable) = &message.body else { return Ok(Answer::failed()) };
+                tracing::error!(error = %unreadable.error, partition = message.partition, offset = message.offset, "unreadable request message");
+                let error = unreadable.error.clone();
+                let answer = self.give_up(message, "unreadable", error, 1, shutdown).await?;
+                Ok(Answer { reply: unreadable.envelope.is_some(), ..answer })
+            }
+            // No gateway waits on that partition, so no client was told anything of it.
+            Unapplied::Unanswerable(Unanswerable { reason, attempts }) => {
+                tracing::error!(
+                    error = %reason,
+                    reply_partition = message.reply_to().map(|(_, partition, _)| partition),
+                    partition = message.partition,
+                    offset = message.offset,
+                    "a request message names a reply partition that does not exist"
+                );
+                let answer = self.give_up(message, "no_reply_partition", reason, attempts, shutdown).await?;
+                Ok(Answer { reply: false, ..answer })
+            }
         }
-        let replies = answered.map(|(queued, answer)| (&queued.message.request, answer.outcome.clone())).collect();
+    }
+
+    /// Marks the message's request failed before its next chunk can be applied (the worker
+    /// holds the workspace until then). Retried through outages; a mark that fails for good is
+    /// logged.
+    async fn fail_request(&self, message: &Inbound, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+        let Some(part) = message.request_part() else { return Ok(()) };
+        let workspace_id = message.workspace_id();
+        let marking = self
+            .policy
+            .run("mark_failed", &self.metrics, None, shutdown, || self.store.mark_failed(workspace_id, part));
+        match marking.await {
+            Ok(()) => Ok(()),
+            Err(Stop::Interrupted) => Err(Interrupted),
+            Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
+                tracing::error!(%error, request_id = part.id, "could not mark the request failed");
+                Ok(())
+            }
+        }
+    }
+
+    /// Logs and counts the answered messages, and sends their replies together.
+    async fn answer(&self, group: &Group<Inbound>, answers: &[Answer], shutdown: &mut watch::Receiver<bool>) {
+        let answered = group.messages.iter().map(|q| &q.message).zip(answers);
+        for (message, answer) in answered.clone() {
+            record(&self.metrics, message, answer.label, &answer.outcome);
+        }
+        let replies = answered
+            .filter(|(_, answer)| answer.reply)
+            .filter_map(|(message, answer)| {
+                let (correlation_id, partition, deadline_ms) = message.reply_to()?;
+                Some(Reply { correlation_id, partition, deadline_ms, outcome: answer.outcome.clone() })
+            })
+            .collect();
         // Interrupted at shutdown: the messages stay uncommitted for the partition's next owner.
         let _ = self.outbox.reply_all(replies, shutdown).await;
     }
 }
 
-/// See [`Worker::fail_request`]; also for a message that cannot be read.
-pub async fn fail_request(
-    pool: &PgPool,
-    policy: Policy,
-    metrics: &Metrics,
-    workspace_id: &str,
-    part: Option<&intake_common::message::RequestPart>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), Interrupted> {
-    let Some(part) = part else { return Ok(()) };
-    let marking =
-        policy.run("mark_failed", metrics, None, shutdown, || store::mark_request_failed(pool, workspace_id, part));
-    match marking.await {
-        Ok(()) => Ok(()),
-        Err(Stop::Interrupted) => Err(Interrupted),
-        Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
-            tracing::error!(%error, request_id = part.id, "could not mark the request failed");
-            Ok(())
-        }
+fn applicable(message: &Inbound) -> Option<&WriteRequestV1> {
+    match &message.body {
+        Body::Request(request) => Some(request),
+        Body::Expired(_) | Body::Unreadable(_) => None,
     }
-}
-
-async fn takes_writes(pool: &PgPool) -> bool {
-    store::probe_writes(pool).await.is_ok()
 }
 
 fn answer(chunk: Chunk) -> Answer {
@@ -197,33 +405,316 @@ fn answer(chunk: Chunk) -> Answer {
         Chunk::Applied(applied) => Answer {
             label: if applied.first_time { "applied" } else { "already_applied" },
             outcome: ChunkOutcome::Applied { results: applied.results, merged: applied.merged },
+            reply: true,
         },
-        Chunk::RequestFailed => Answer { outcome: ChunkOutcome::Failed, label: "request_failed" },
+        Chunk::RequestFailed => Answer { outcome: ChunkOutcome::Failed, label: "request_failed", reply: true },
     }
 }
 
-/// Metrics and the log line of one answered message, with the request id the gateway gave it.
-pub fn record(
-    metrics: &Metrics,
-    message: &OwnedMessage,
-    request: &WriteRequestV1,
-    label: &'static str,
-    outcome: &ChunkOutcome,
-) {
-    metrics.messages.get_or_create(&metrics::Outcome { outcome: label }).inc();
-    if let (ChunkOutcome::Applied { results, .. }, "applied") = (outcome, label) {
-        for result in results {
-            metrics.items.get_or_create(&metrics::ItemResult { result: result.result.as_str() }).inc();
+#[cfg(test)]
+pub mod testing {
+    //! A PostgreSQL double and a worker wired to doubles, for the tests of the worker and of
+    //! its supervisor.
+
+    use super::*;
+    use crate::inbox::testing::RecordedPartitions;
+    use crate::outbox::testing::MemorySender;
+    use crate::read::Reader;
+    use crate::store::Applied;
+    use intake_common::message::{ItemResult, WriteResult};
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    /// Applies by remembering: each run's applied correlation ids, each request marked failed.
+    #[derive(Default)]
+    pub struct MemoryStore {
+        pub runs: Mutex<Vec<Vec<String>>>,
+        /// (workspace, request id, chunk index).
+        pub marked: Mutex<Vec<(String, String, u32)>>,
+        pub busy: AtomicBool,
+        /// Correlation ids whose apply fails for good.
+        pub refused: Mutex<HashSet<String>>,
+    }
+
+    impl MemoryStore {
+        pub fn runs(&self) -> Vec<Vec<String>> {
+            self.runs.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
     }
-    tracing::info!(
-        request_id = request_id(message).unwrap_or("-"),
-        correlation_id = %request.correlation_id,
-        workspace_id = %request.workspace_id,
-        partition = message.partition(),
-        offset = message.offset(),
-        items = request.items.len(),
-        outcome = label,
-        "chunk"
-    );
+
+    impl Store for MemoryStore {
+        fn apply_run<'a>(
+            &'a self,
+            _workspace_id: &'a str,
+            requests: &'a [&'a WriteRequestV1],
+        ) -> BoxFuture<'a, Result<Run, sqlx::Error>> {
+            Box::pin(async move {
+                if self.busy.load(Ordering::SeqCst) {
+                    return Ok(Run::Busy);
+                }
+                let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                if requests.iter().any(|r| refused.contains(&r.correlation_id)) {
+                    return Err(sqlx::Error::RowNotFound);
+                }
+                let marked = self.marked.lock().unwrap_or_else(|e| e.into_inner());
+                let failed = |r: &WriteRequestV1| {
+                    r.request.as_ref().is_some_and(|p| marked.iter().any(|(_, id, at)| *id == p.id && p.index > *at))
+                };
+                let chunks: Vec<Chunk> = requests
+                    .iter()
+                    .map(|r| match failed(r) {
+                        true => Chunk::RequestFailed,
+                        false => Chunk::Applied(Applied {
+                            results: r
+                                .items
+                                .iter()
+                                .map(|item| ItemResult {
+                                    id: format!("cnv_{}", item.external_id.as_str()),
+                                    event: item.event.as_str().to_owned(),
+                                    external_id: item.external_id.as_str().to_owned(),
+                                    chain_id: "chn_1".into(),
+                                    result: WriteResult::Created,
+                                })
+                                .collect(),
+                            merged: Vec::new(),
+                            first_time: true,
+                        }),
+                    })
+                    .collect();
+                let applied: Vec<String> =
+                    requests.iter().filter(|r| !failed(r)).map(|r| r.correlation_id.clone()).collect();
+                if !applied.is_empty() {
+                    self.runs.lock().unwrap_or_else(|e| e.into_inner()).push(applied);
+                }
+                Ok(Run::Done(chunks))
+            })
+        }
+
+        fn mark_failed<'a>(
+            &'a self,
+            workspace_id: &'a str,
+            part: &'a RequestPart,
+        ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+            let mark = (workspace_id.to_owned(), part.id.clone(), part.index);
+            self.marked.lock().unwrap_or_else(|e| e.into_inner()).push(mark);
+            Box::pin(std::future::ready(Ok(())))
+        }
+
+        fn takes_writes(&self) -> BoxFuture<'_, bool> {
+            Box::pin(std::future::ready(true))
+        }
+    }
+
+    pub struct Rig {
+        pub worker: Arc<Worker>,
+        pub reader: Reader,
+        pub store: Arc<MemoryStore>,
+        pub sender: Arc<MemorySender>,
+        pub partitions: Arc<RecordedPartitions>,
+    }
+
+    /// A worker on doubles (replies topic of 2 partitions, 2 attempts, no budget to speak of);
+    /// `failpoint`: (workspace, times).
+    pub fn rig(wait_bound: Duration, failpoint: Option<(&str, u32)>) -> Rig {
+        let store = Arc::new(MemoryStore::default());
+        let sender = Arc::new(MemorySender::new(2));
+        let partitions = Arc::new(RecordedPartitions::default());
+        let metrics = Arc::new(Metrics::new());
+        let policy =
+            Policy { max_attempts: 2, first_backoff: Duration::from_millis(1), max_backoff: Duration::from_millis(2) };
+        let kafka = intake_common::config::KafkaArgs {
+            brokers: String::new(),
+            options: Vec::new(),
+            requests_topic: "requests".into(),
+            replies_topic: "replies".into(),
+            dlq_topic: "dlq".into(),
+        };
+        let scheduler = Arc::new(Scheduler::new(1 << 30, 64));
+        let worker = Arc::new(Worker {
+            store: store.clone(),
+            outbox: Arc::new(Outbox::new(sender.clone(), &kafka, policy, metrics.clone())),
+            scheduler: scheduler.clone(),
+            partitions: partitions.clone(),
+            metrics,
+            policy,
+            wait_bound,
+            failpoint: failpoint.map(|(workspace_id, times)| Failpoint {
+                workspace_id: workspace_id.to_owned(),
+                left: AtomicU32::new(times),
+            }),
+        });
+        let reader = Reader { partitions: partitions.clone(), scheduler };
+        Rig { worker, reader, store, sender, partitions }
+    }
+
+    impl Rig {
+        /// The worker answers the next group.
+        pub async fn step(&self) {
+            let taken = self.worker.scheduler.take().await;
+            let _ = self.worker.step(taken, &mut watch::channel(false).1).await;
+        }
+
+        /// (correlation id, partition, status) of each reply sent.
+        pub fn replies(&self) -> Vec<(String, Option<i32>, String)> {
+            self.sender
+                .sent_to("replies")
+                .iter()
+                .map(|s| {
+                    let status = s.json()["outcome"]["status"].as_str().unwrap_or_default().to_owned();
+                    (String::from_utf8_lossy(&s.key).into_owned(), s.partition, status)
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::rig;
+    use super::*;
+    use crate::inbox::testing::{message, raw, request, RecordedPartitions};
+    use crate::metrics;
+    use intake_common::message::WriteRequest;
+
+    fn reply(correlation_id: &str, partition: i32, status: &str) -> (String, Option<i32>, String) {
+        (correlation_id.to_owned(), Some(partition), status.to_owned())
+    }
+
+    fn part(request: &mut WriteRequestV1, id: &str, index: u32) {
+        request.request = Some(RequestPart { id: id.to_owned(), index });
+    }
+
+    #[tokio::test]
+    async fn a_workspaces_messages_are_applied_together_answered_and_their_offsets_stored() {
+        let rig = rig(Duration::from_secs(60), None);
+        for (offset, id) in ["c1", "c2", "c3"].into_iter().enumerate() {
+            rig.reader.take(&message(&request("ws_a", id, 2), 0, i64::try_from(offset).unwrap_or(0), 0));
+        }
+        rig.step().await;
+        assert_eq!(rig.store.runs(), vec![vec!["c1", "c2", "c3"]], "one transaction");
+        assert_eq!(
+            rig.replies(),
+            vec![reply("c1", 1, "applied"), reply("c2", 1, "applied"), reply("c3", 1, "applied")]
+        );
+        assert_eq!(*rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()), vec![(0, 3)]);
+        assert_eq!(RecordedPartitions::take(&rig.partitions.progressed), vec![0]);
+        let metrics = &rig.worker.metrics;
+        assert_eq!(metrics.messages.get_or_create(&metrics::Outcome { outcome: "applied" }).get(), 3);
+        assert_eq!(metrics.items.get_or_create(&metrics::ItemResult { result: "created" }).get(), 6);
+        assert_eq!(rig.worker.scheduler.held_bytes(), 0, "nothing held once answered");
+    }
+
+    #[tokio::test]
+    async fn a_busy_workspace_waits_unanswered_and_past_the_bound_its_wait_is_no_progress() {
+        let rig = rig(Duration::from_millis(60), None);
+        rig.store.busy.store(true, Ordering::SeqCst);
+        rig.reader.take(&message(&request("ws_a", "c1", 1), 4, 0, 0));
+        rig.step().await;
+        assert!(rig.replies().is_empty() && rig.partitions.stored.lock().is_ok_and(|s| s.is_empty()));
+        assert_eq!(RecordedPartitions::take(&rig.partitions.progressed), vec![4], "a short wait is progress");
+        for _ in 0..10 {
+            if !RecordedPartitions::take(&rig.partitions.held).is_empty() {
+                break;
+            }
+            rig.step().await;
+            assert!(RecordedPartitions::take(&rig.partitions.progressed).len() <= 1);
+        }
+        assert!(
+            RecordedPartitions::take(&rig.partitions.progressed).is_empty(),
+            "past the bound: held, not progressing"
+        );
+        rig.store.busy.store(false, Ordering::SeqCst);
+        rig.step().await;
+        assert_eq!(
+            (rig.replies(), RecordedPartitions::take(&rig.partitions.progressed)),
+            (vec![reply("c1", 1, "applied")], vec![4])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_that_fails_for_good_is_applied_one_by_one_and_only_the_bad_message_is_dead_lettered() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.store.refused.lock().unwrap_or_else(|e| e.into_inner()).insert("c2".into());
+        for (offset, id) in ["c1", "c2", "c3"].into_iter().enumerate() {
+            rig.reader.take(&message(&request("ws_a", id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
+        }
+        rig.step().await;
+        assert_eq!(rig.store.runs(), vec![vec!["c1"], vec!["c3"]]);
+        assert_eq!(rig.replies(), vec![reply("c1", 1, "applied"), reply("c2", 1, "failed"), reply("c3", 1, "applied")]);
+        let marked = rig.store.marked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(marked, vec![("ws_a".to_owned(), "req-c2".to_owned(), 0)], "its request's later chunks fail too");
+        let letters = rig.sender.sent_to("dlq");
+        assert_eq!(
+            (letters.len(), letters[0].header("reason"), letters[0].header("attempts")),
+            (1, Some("apply_failed"), Some("2"))
+        );
+        assert!(
+            matches!(WriteRequest::from_slice(&letters[0].payload), Ok(WriteRequest::V1(r)) if r.correlation_id == "c2")
+        );
+        assert_eq!(
+            *rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()),
+            vec![(0, 3)],
+            "and the partition goes on"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_expired_chunk_is_answered_with_the_others_and_fails_its_request() {
+        let rig = rig(Duration::from_secs(60), None);
+        // Chunk 0 of a request reached the topic after its deadline; its chunk 1, appended in
+        // time after a leader change, must not be applied either: a prefix, never a gap.
+        let (mut first, mut second) = (request("ws_a", "c0", 1), request("ws_a", "c1", 1));
+        part(&mut first, "req", 0);
+        part(&mut second, "req", 1);
+        first.deadline_ms = 10;
+        rig.reader.take(&message(&first, 0, 0, 11));
+        rig.reader.take(&message(&second, 0, 1, 5));
+        rig.reader.take(&message(&request("ws_a", "other", 1), 0, 2, 5));
+        rig.step().await;
+        assert_eq!(
+            rig.replies(),
+            vec![reply("c0", 1, "expired"), reply("c1", 1, "failed"), reply("other", 1, "applied")]
+        );
+        assert_eq!(rig.store.runs(), vec![vec!["other"]], "neither chunk of the request applied");
+        let metrics = &rig.worker.metrics;
+        let count = |outcome| metrics.messages.get_or_create(&metrics::Outcome { outcome }).get();
+        assert_eq!((count("expired"), count("request_failed"), count("applied")), (1, 1, 1));
+        assert!(rig.sender.sent_to("dlq").is_empty(), "an expired chunk is no dead letter");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_message_is_dead_lettered_as_it_came_its_request_failed_and_answered() {
+        let rig = rig(Duration::from_secs(60), None);
+        let unknown = br#"{"v":"9","correlation_id":"u1","reply_partition":0,"workspace_id":"ws_a","request":{"id":"req","index":0}}"#;
+        rig.reader.take(&raw(b"ws_a", unknown.to_vec(), 2, 0, 0));
+        rig.reader.take(&raw(b"ws_a", b"\xff".to_vec(), 2, 1, 0));
+        rig.step().await;
+        assert_eq!(rig.replies(), vec![reply("u1", 0, "failed")], "the one whose envelope says where");
+        let letters = rig.sender.sent_to("dlq");
+        let payloads: Vec<&[u8]> = letters.iter().map(|l| l.payload.as_slice()).collect();
+        assert_eq!(payloads, [&unknown[..], b"\xff"]);
+        assert!(letters.iter().all(|l| l.header("reason") == Some("unreadable")));
+        let marked = rig.store.marked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(marked, vec![("ws_a".to_owned(), "req".to_owned(), 0)]);
+        assert_eq!(*rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()), vec![(2, 2)]);
+    }
+
+    #[tokio::test]
+    async fn a_message_whose_reply_partition_does_not_exist_is_dead_lettered_unapplied_and_unanswered() {
+        let rig = rig(Duration::from_secs(60), None);
+        let mut lost = request("ws_a", "lost", 1);
+        lost.reply_partition = 7;
+        rig.reader.take(&message(&lost, 0, 0, 0));
+        rig.reader.take(&message(&request("ws_a", "next", 1), 0, 1, 0));
+        rig.step().await;
+        assert_eq!(rig.replies(), vec![reply("next", 1, "applied")]);
+        assert_eq!(rig.store.runs(), vec![vec!["next"]]);
+        let letters = rig.sender.sent_to("dlq");
+        assert_eq!(
+            (letters[0].header("reason"), letters[0].header("attempts")),
+            (Some("no_reply_partition"), Some("2"))
+        );
+        assert_eq!(rig.store.marked.lock().map(|m| m.len()).unwrap_or(0), 1);
+    }
 }

@@ -1,13 +1,17 @@
-//! The writer's consumer (docs/architecture.md, "Isolation in the writer"): a reader
-//! (`read.rs`) hands each message of the requests topic to the per-workspace scheduler
-//! (`schedule.rs`); workers (`apply.rs`) take a workspace's next messages, apply them in one
-//! transaction, answer them (`outbox.rs`) and only then store the partition's offset up to its
-//! lowest message not yet finished. A workspace's messages keep their order; a workspace that is
-//! stuck or slow holds up only itself. Delivery is at least once; `applied_messages` makes a
-//! redelivery harmless. Every failure goes through the one retry policy of `retry.rs`.
+//! The writer's consumer, and the composition root of its stages (docs/architecture.md,
+//! "Isolation in the writer"): a reader (`read.rs`) hands each message of the requests topic,
+//! parsed once (`inbox.rs`), to the per-workspace scheduler (`schedule.rs`); workers
+//! (`apply.rs`) take a workspace's next messages, answer them (applied in one transaction, or
+//! expired, or failed and dead-lettered), reply (`outbox.rs`) and only then store the
+//! partition's offset up to its lowest message not yet finished. A workspace's messages keep
+//! their order; a workspace that is stuck or slow holds up only itself. What is read and not
+//! yet answered is held within a byte budget; past it, reading pauses and Kafka keeps the
+//! backlog. Delivery is at least once; `applied_messages` makes a redelivery harmless. Every
+//! failure goes through the one retry policy of `retry.rs`.
 
-use crate::apply::{Signals, Worker};
+use crate::apply::{Failpoint, Signals, Worker};
 use crate::health::{Health, WriterContext};
+use crate::inbox::{Inbound, Partitions};
 use crate::metrics::{self, Metrics};
 use crate::outbox::Outbox;
 use crate::read::Reader;
@@ -15,9 +19,8 @@ use crate::retry::Policy;
 use crate::schedule::Scheduler;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
-use intake_common::message::WriteRequestV1;
+use prometheus_client::metrics::counter::Counter;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
-use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
@@ -38,45 +41,42 @@ pub struct Settings {
     pub policy: Policy,
     /// Workspaces applied at once, each on a connection of its own while it applies.
     pub workers: usize,
-    /// Messages one workspace may have read and not yet answered before its partition is
-    /// paused.
-    pub workspace_backlog: usize,
+    /// Bytes of messages read and not yet answered, across all workspaces and partitions.
+    pub read_budget: usize,
+    /// How long a busy workspace's wait counts as progress.
+    pub wait_bound: Duration,
     /// How long the final offset commit and leaving the group may take at shutdown (they wait
     /// for the broker, which may be down).
     pub shutdown_timeout: Duration,
 }
 
-/// A request message, read once.
-pub struct Request {
-    pub message: OwnedMessage,
-    pub request: WriteRequestV1,
-}
-
 type WriterConsumer = StreamConsumer<WriterContext>;
 
-/// The group consumer with what the reader and the workers do with it: offsets stored only for
-/// the assignment they were read in, partitions paused and resumed.
-#[derive(Clone)]
-pub struct Consumer {
-    pub kafka: Arc<WriterConsumer>,
+/// The group consumer as the stages see it: offsets stored only for the assignment they were
+/// read in, partitions paused and resumed, progress told to [`Health`].
+struct KafkaPartitions {
+    kafka: Arc<WriterConsumer>,
     health: Arc<Health>,
     topic: String,
 }
 
-impl Consumer {
-    pub fn generation(&self) -> u64 {
+impl KafkaPartitions {
+    fn list(&self, partitions: &[i32]) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for &partition in partitions {
+            list.add_partition(&self.topic, partition);
+        }
+        list
+    }
+}
+
+impl Partitions for KafkaPartitions {
+    fn generation(&self) -> u64 {
         self.health.assignment_generation()
     }
 
-    /// No rebalance since `generation`.
-    pub fn current(&self, generation: u64) -> bool {
-        self.generation() == generation
-    }
-
-    /// Stores (partition, next offset to read) for commit, unless a rebalance came since the
-    /// messages were read (an offset stored then could move the group's offset back).
-    pub fn store(&self, generation: u64, offsets: &[(i32, i64)]) {
-        if offsets.is_empty() || !self.current(generation) {
+    fn store(&self, generation: u64, offsets: &[(i32, i64)]) {
+        if offsets.is_empty() || self.generation() != generation {
             return;
         }
         let mut list = TopicPartitionList::new();
@@ -88,31 +88,27 @@ impl Consumer {
         }
     }
 
-    pub fn progressed(&self, partitions: &[i32]) {
+    fn pause(&self, partitions: &[i32]) {
+        if let (false, Err(error)) = (partitions.is_empty(), self.kafka.pause(&self.list(partitions))) {
+            tracing::warn!(%error, ?partitions, "could not pause partitions");
+        }
+    }
+
+    fn resume(&self, partitions: &[i32]) {
+        if let (false, Err(error)) = (partitions.is_empty(), self.kafka.resume(&self.list(partitions))) {
+            tracing::warn!(%error, ?partitions, "could not resume partitions");
+        }
+    }
+
+    fn progressed(&self, partitions: &[i32]) {
         for &partition in partitions {
             self.health.progressed(partition);
         }
     }
 
-    pub fn pause(&self, partition: i32) {
-        self.change_pause(&[partition], true);
-    }
-
-    pub fn resume(&self, partitions: Vec<i32>) {
-        self.change_pause(&partitions, false);
-    }
-
-    fn change_pause(&self, partitions: &[i32], pause: bool) {
-        if partitions.is_empty() {
-            return;
-        }
-        let mut list = TopicPartitionList::new();
+    fn held(&self, partitions: &[i32]) {
         for &partition in partitions {
-            list.add_partition(&self.topic, partition);
-        }
-        let changed = if pause { self.kafka.pause(&list) } else { self.kafka.resume(&list) };
-        if let Err(error) = changed {
-            tracing::warn!(%error, ?partitions, pause, "could not pause or resume partitions");
+            self.health.held(partition);
         }
     }
 }
@@ -125,77 +121,64 @@ pub async fn run(
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let kafka_consumer: WriterConsumer = kafka::writer_consumer(&settings.kafka, &settings.group_id)
-        .create_with_context(WriterContext(health.clone()))?;
+    let config = kafka::writer_consumer(&settings.kafka, &settings.group_id).map_err(anyhow::Error::msg)?;
+    let kafka_consumer: WriterConsumer = config.create_with_context(WriterContext(health.clone()))?;
     kafka_consumer.subscribe(&[&settings.kafka.requests_topic])?;
-    let consumer = Consumer {
-        kafka: Arc::new(kafka_consumer),
+    let kafka_consumer = Arc::new(kafka_consumer);
+    let partitions: Arc<dyn Partitions> = Arc::new(KafkaPartitions {
+        kafka: kafka_consumer.clone(),
         health: health.clone(),
         topic: settings.kafka.requests_topic.clone(),
-    };
+    });
     let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
     let metrics = health.metrics.clone();
-    let outbox = Arc::new(Outbox {
-        producer,
-        replies_topic: settings.kafka.replies_topic.clone(),
-        dlq_topic: settings.kafka.dlq_topic.clone(),
-        policy: settings.policy,
-        metrics: metrics.clone(),
-        reply_partitions: std::sync::atomic::AtomicI32::new(0),
-        missing_confirmed: std::sync::Mutex::default(),
-    });
-    let scheduler = Arc::new(Scheduler::new(settings.workspace_backlog, MAX_GROUP));
+    let outbox = Arc::new(Outbox::new(Arc::new(producer), &settings.kafka, settings.policy, metrics.clone()));
+    let scheduler = Arc::new(Scheduler::new(settings.read_budget, MAX_GROUP));
+    metrics.backlog_budget_bytes.set(i64::try_from(settings.read_budget).unwrap_or(i64::MAX));
     tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
-    let observer = tokio::spawn(observe(pool.clone(), consumer.clone(), settings.group_id.clone(), metrics.clone()));
+    let observer =
+        tokio::spawn(observe(pool.clone(), kafka_consumer.clone(), settings.group_id.clone(), metrics.clone()));
     let watcher = tokio::spawn(watch_scheduler(scheduler.clone(), metrics.clone()));
     let worker_count = settings.workers.max(1);
-    tracing::info!(topic = %settings.kafka.requests_topic, group = %settings.group_id, workers = worker_count, "writer consuming");
+    tracing::info!(
+        topic = %settings.kafka.requests_topic,
+        group = %settings.group_id,
+        workers = worker_count,
+        read_budget = settings.read_budget,
+        "writer consuming"
+    );
 
     // Shutdown stops the workers taking new groups; the groups in hand get FINISH_GRACE to
     // finish before their waits are cut short too (`abort`).
     let (abort, aborted) = watch::channel(false);
     let worker = Arc::new(Worker {
-        pool: pool.clone(),
+        store: Arc::new(pool),
         outbox: outbox.clone(),
         scheduler: scheduler.clone(),
-        consumer: consumer.clone(),
+        partitions: partitions.clone(),
         metrics: metrics.clone(),
         policy: settings.policy,
+        wait_bound: settings.wait_bound,
+        failpoint: Failpoint::from_env(),
     });
+    let signals = Signals { shutdown: shutdown.clone(), abort: aborted };
     let workers: Vec<_> = (0..worker_count)
-        .map(|_| {
-            let signals = Signals { shutdown: shutdown.clone(), abort: aborted.clone() };
-            tokio::spawn(worker.clone().work(signals))
-        })
+        .map(|_| tokio::spawn(supervise(worker.clone(), signals.clone(), metrics.worker_restarts.clone())))
         .collect();
-    let reader = Reader {
-        pool,
-        consumer: consumer.clone(),
-        scheduler,
-        outbox: outbox.clone(),
-        metrics,
-        policy: settings.policy,
-    };
-    let _ = reader.read(&mut shutdown).await;
+    let reader = Reader { partitions: partitions.clone(), scheduler };
+    reader.read(&kafka_consumer, &mut shutdown).await;
     tokio::spawn(async move {
         tokio::time::sleep(FINISH_GRACE).await;
         let _ = abort.send(true);
     });
-    let mut worker_lost = false;
     for task in workers {
-        if let Err(error) = task.await {
-            tracing::error!(%error, "an apply worker failed");
-            worker_lost = true;
-        }
+        let _ = task.await;
     }
     health.shutting_down();
     observer.abort();
     watcher.abort();
-    drop(worker);
-    drop(reader);
-    leave_group(consumer.kafka, outbox, settings.shutdown_timeout).await;
-    // A worker that died is a failure, not a shutdown: exit non-zero so that it is restarted.
-    anyhow::ensure!(!worker_lost, "an apply worker stopped; the writer stopped with it");
+    drop((worker, reader, partitions));
+    leave_group(kafka_consumer, outbox, settings.shutdown_timeout).await;
     tracing::info!("writer stopped");
     Ok(())
 }
@@ -206,10 +189,28 @@ pub async fn run(
 /// What is cut short stays uncommitted for the writer that takes the partition over.
 const FINISH_GRACE: Duration = Duration::from_secs(2);
 
-/// Keeps the scheduler's gauges current: backlog, paused partitions, waiting workspaces.
-async fn watch_scheduler(scheduler: Arc<Scheduler<Request>>, metrics: Arc<Metrics>) {
+/// Runs a worker until shutdown. A worker that dies (panics) is started again at once and
+/// counted; the group it held went back to its workspace's queue (`schedule::Taken`), so the
+/// workspace is not left taken, and a message that workers keep dying on is given up on
+/// (`apply.rs`).
+async fn supervise(worker: Arc<Worker>, signals: Signals, restarts: Counter) {
+    loop {
+        match tokio::spawn(worker.clone().work(signals.clone())).await {
+            Err(error) if error.is_panic() => {
+                restarts.inc();
+                tracing::error!("an apply worker died; started again");
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Keeps the scheduler's gauges current: backlog, its bytes, paused partitions, waiting
+/// workspaces.
+async fn watch_scheduler(scheduler: Arc<Scheduler<Inbound>>, metrics: Arc<Metrics>) {
     loop {
         metrics.backlog.set(i64::try_from(scheduler.backlog()).unwrap_or(i64::MAX));
+        metrics.backlog_bytes.set(i64::try_from(scheduler.held_bytes()).unwrap_or(i64::MAX));
         metrics.paused_partitions.set(i64::try_from(scheduler.paused_partitions()).unwrap_or(i64::MAX));
         metrics.workspace_waiting_seconds.clear();
         for (workspace_id, waited) in scheduler.waiting() {
@@ -240,9 +241,9 @@ async fn leave_group(consumer: Arc<WriterConsumer>, outbox: Arc<Outbox>, timeout
 }
 
 /// Keeps the gauges that need a query up to date: group size and applied_messages rows.
-async fn observe(pool: PgPool, consumer: Consumer, group_id: String, metrics: Arc<Metrics>) {
+async fn observe(pool: PgPool, consumer: Arc<WriterConsumer>, group_id: String, metrics: Arc<Metrics>) {
     loop {
-        let (consumer_ref, group) = (consumer.kafka.clone(), group_id.clone());
+        let (consumer_ref, group) = (consumer.clone(), group_id.clone());
         let members = tokio::task::spawn_blocking(move || {
             consumer_ref
                 .fetch_group_list(Some(&group), Duration::from_secs(5))
@@ -264,5 +265,57 @@ async fn observe(pool: PgPool, consumer: Consumer, group_id: String, metrics: Ar
             metrics.applied_messages_rows.set(rows.max(0.0) as i64);
         }
         tokio::time::sleep(Duration::from_secs(15)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::testing::{rig, Rig};
+    use crate::inbox::testing::{message, request};
+
+    /// Runs `rig`'s worker under its supervisor until `replies` replies were sent.
+    async fn supervised(rig: &Rig, replies: usize) -> Counter {
+        let (stop, shutdown) = watch::channel(false);
+        let (_abort, abort) = watch::channel(false);
+        let restarts = Counter::default();
+        let supervisor = tokio::spawn(supervise(rig.worker.clone(), Signals { shutdown, abort }, restarts.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rig.replies().len() < replies {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", rig.replies());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = stop.send(true);
+        assert!(supervisor.await.is_ok());
+        restarts
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_dies_is_started_again_and_the_workspace_it_held_is_answered() {
+        let rig = rig(Duration::from_secs(60), Some(("ws_a", 1)));
+        rig.reader.take(&message(&request("ws_a", "a1", 1), 0, 0, 0));
+        rig.reader.take(&message(&request("ws_a", "a2", 1), 0, 1, 0));
+        rig.reader.take(&message(&request("ws_b", "b1", 1), 1, 0, 0));
+        let restarts = supervised(&rig, 3).await;
+        assert_eq!(restarts.get(), 1);
+        let mut applied: Vec<String> = rig.store.runs().concat();
+        applied.sort();
+        assert_eq!(applied, ["a1", "a2", "b1"]);
+        assert!(rig.sender.sent_to("dlq").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_message_that_workers_keep_dying_on_is_dead_lettered_and_its_workspace_goes_on() {
+        // Deaths: on the group of both messages, then twice on the first alone (it is given
+        // up on: the policy's 2 attempts), then once on the second alone, which then applies.
+        let rig = rig(Duration::from_secs(60), Some(("ws_a", 3)));
+        rig.reader.take(&message(&request("ws_a", "a1", 1), 0, 0, 0));
+        rig.reader.take(&message(&request("ws_a", "a2", 1), 0, 1, 0));
+        let restarts = supervised(&rig, 2).await;
+        assert_eq!(restarts.get(), 3);
+        assert_eq!(rig.replies().iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["failed", "applied"]);
+        let letters = rig.sender.sent_to("dlq");
+        assert_eq!((letters.len(), letters[0].header("reason")), (1, Some("worker_died")));
+        assert_eq!(rig.store.runs(), vec![vec!["a2"]]);
     }
 }

@@ -28,6 +28,9 @@ struct PartitionState {
     lag: i64,
     /// When the partition was assigned or a message of it was last applied.
     progressed_at: Instant,
+    /// A workspace of it has waited for its lock, held by another session, past the bound, and
+    /// nothing of the partition progressed since.
+    held: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -35,6 +38,8 @@ pub enum NotReady {
     ShuttingDown,
     NotInGroup,
     Stalled,
+    /// Stalled only behind workspaces whose locks other sessions hold.
+    WorkspaceHeld,
 }
 
 impl Health {
@@ -61,34 +66,55 @@ impl Health {
         if !self.joined.load(Ordering::Relaxed) {
             return Err(NotReady::NotInGroup);
         }
-        if self.stalled() {
-            return Err(NotReady::Stalled);
+        match self.stall() {
+            Stall::None => Ok(()),
+            Stall::Held => Err(NotReady::WorkspaceHeld),
+            Stall::Own => Err(NotReady::Stalled),
         }
-        Ok(())
     }
 
     /// Holds a partition with lag that made no progress for the stall timeout.
     pub fn stalled(&self) -> bool {
-        let stalled = self.lock().values().any(|p| p.lag > 0 && p.progressed_at.elapsed() > self.stall_timeout);
-        self.metrics.stalled.set(i64::from(stalled));
-        stalled
+        self.stall() != Stall::None
     }
 
-    /// Stalled, and not because PostgreSQL or Kafka is away: an outage is waited out (its
-    /// retries came within the stall timeout), and restarting the writer would not end it.
+    fn stall(&self) -> Stall {
+        let held = self.lock();
+        let mut stalled = held.values().filter(|p| p.lag > 0 && p.progressed_at.elapsed() > self.stall_timeout);
+        let stall = match stalled.next() {
+            None => Stall::None,
+            Some(first) if first.held && stalled.all(|p| p.held) => Stall::Held,
+            Some(_) => Stall::Own,
+        };
+        self.metrics.stalled.set(i64::from(stall != Stall::None));
+        stall
+    }
+
+    /// Stalled, and neither because PostgreSQL or Kafka is away (an outage is waited out: its
+    /// retries came within the stall timeout) nor only behind workspaces whose locks other
+    /// sessions hold: restarting the writer would end neither.
     pub fn stuck(&self) -> bool {
         let since_outage = metrics::unix_seconds() - self.metrics.last_outage_retry.get();
-        self.stalled() && since_outage >= self.stall_timeout.as_secs_f64()
+        self.stall() == Stall::Own && since_outage >= self.stall_timeout.as_secs_f64()
     }
 
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
 
-    /// A message of `partition` was applied and answered.
+    /// A message of `partition` was answered, or a workspace of it found busy for less than
+    /// the bound.
     pub fn progressed(&self, partition: i32) {
         if let Some(state) = self.lock().get_mut(&partition) {
             state.progressed_at = Instant::now();
+            state.held = false;
+        }
+    }
+
+    /// A workspace of `partition` has waited for its lock past the bound: no progress.
+    pub fn held(&self, partition: i32) {
+        if let Some(state) = self.lock().get_mut(&partition) {
+            state.held = true;
         }
     }
 
@@ -99,7 +125,7 @@ impl Health {
     fn assigned(&self, partitions: impl Iterator<Item = i32>) {
         let mut held = self.lock();
         for partition in partitions {
-            held.entry(partition).or_insert(PartitionState { lag: 0, progressed_at: Instant::now() });
+            held.entry(partition).or_insert(PartitionState { lag: 0, progressed_at: Instant::now(), held: false });
         }
         self.metrics.assigned_partitions.set(i64::try_from(held.len()).unwrap_or(i64::MAX));
         self.joined.store(true, Ordering::Relaxed);
@@ -127,6 +153,13 @@ impl Health {
             }
         }
     }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Stall {
+    None,
+    Held,
+    Own,
 }
 
 /// The consumer's callbacks: rebalances and statistics feed [`Health`].
@@ -206,5 +239,25 @@ mod tests {
         assert_eq!(health.ready(), Ok(()), "progress clears the stall");
         health.revoked([1].into_iter());
         assert!(!health.stalled());
+    }
+
+    #[test]
+    fn a_stall_only_behind_workspaces_held_elsewhere_is_unready_but_alive() {
+        let health = health(Duration::from_millis(30));
+        health.assigned([0, 1].into_iter());
+        health.lags([(0, 3), (1, 3)].into_iter());
+        health.held(0);
+        health.progressed(1);
+        std::thread::sleep(Duration::from_millis(50));
+        health.progressed(1);
+        assert_eq!(health.ready(), Err(NotReady::WorkspaceHeld));
+        assert!(!health.stuck(), "a restart would not release another session's lock");
+        health.held(1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(health.ready(), Err(NotReady::WorkspaceHeld));
+        health.progressed(0);
+        assert_eq!(health.ready(), Err(NotReady::WorkspaceHeld), "partition 1 is still held");
+        health.progressed(1);
+        assert_eq!(health.ready(), Ok(()));
     }
 }

@@ -10,6 +10,7 @@ mod dlq;
 mod erase;
 mod expiry;
 mod health;
+mod inbox;
 mod lookups;
 mod metrics;
 mod ops;
@@ -81,12 +82,19 @@ enum Command {
         /// the pool's connections less two add nothing.
         #[arg(long, env = "INTAKE_WRITER_APPLY_LANES", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
         apply_lanes: u16,
-        /// Messages one workspace may have read and not yet answered; at this bound its
-        /// partition is paused until half of them are answered. Keep it above what admission
-        /// lets in for one workspace from all gateways together (each gateway: its share of
-        /// --max-writes-in-flight, times 5 chunks of a 500-item batch).
-        #[arg(long, env = "INTAKE_WRITER_WORKSPACE_BACKLOG", default_value_t = 2_000)]
-        workspace_backlog: usize,
+        /// Memory for request messages read and not yet answered, across all workspaces and
+        /// partitions (their parsed size, estimated), in MiB. At the budget the writer pauses
+        /// reading, and Kafka keeps the backlog, until three quarters are left; past half of it
+        /// each workspace may hold its fair share (the budget over the workspaces holding
+        /// messages, plus one), beyond which it pauses its own partition. librdkafka's prefetch
+        /// comes on top (docs/operations.md, "Writer memory").
+        #[arg(long, env = "INTAKE_WRITER_READ_BUDGET_MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        read_budget_mib: u32,
+        /// A workspace found busy (its lock held by another session) counts as progress of its
+        /// partition for /readyz while it has waited less than this; past it, it no longer
+        /// does (intake_writer_workspace_waiting_seconds shows the wait).
+        #[arg(long, env = "INTAKE_WRITER_WORKSPACE_WAIT_BOUND_MS", default_value_t = 300_000)]
+        workspace_wait_bound_ms: u64,
         /// statement_timeout of every connection that applies chunks: a statement of a chunk's
         /// own that runs longer is cancelled, retried a bounded number of times, then the chunk
         /// is dead-lettered.
@@ -314,7 +322,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             ops_listen,
             stall_timeout_ms,
             apply_lanes,
-            workspace_backlog,
+            read_budget_mib,
+            workspace_wait_bound_ms,
             statement_timeout_ms,
             lock_timeout_ms,
             shutdown_timeout_ms,
@@ -352,7 +361,8 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                     max_backoff: Duration::from_secs(2),
                 },
                 workers: usize::from(apply_lanes),
-                workspace_backlog,
+                read_budget: usize::try_from(read_budget_mib).unwrap_or(usize::MAX) << 20,
+                wait_bound: Duration::from_millis(workspace_wait_bound_ms),
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
             consume::run(pool, settings, health, shutdown).await?;

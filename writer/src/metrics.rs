@@ -66,8 +66,14 @@ pub struct Metrics {
     pub workspace_waiting_seconds: Family<Workspace, Gauge>,
     /// Messages read and not yet answered, all workspaces together.
     pub backlog: Gauge,
-    /// Partitions paused because one workspace's backlog reached its bound.
+    /// Partitions paused by the read budget or by a workspace beyond its share of it.
     pub paused_partitions: Gauge,
+    /// Bytes of the messages read and not yet answered (their estimated parsed size), and the
+    /// budget they are held within.
+    pub backlog_bytes: Gauge,
+    pub backlog_budget_bytes: Gauge,
+    /// Apply workers that died (panicked) and were started again.
+    pub worker_restarts: Counter,
 }
 
 impl Metrics {
@@ -89,6 +95,9 @@ impl Metrics {
             workspace_waiting_seconds: Family::default(),
             backlog: Gauge::default(),
             paused_partitions: Gauge::default(),
+            backlog_bytes: Gauge::default(),
+            backlog_budget_bytes: Gauge::default(),
+            worker_restarts: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -139,8 +148,23 @@ impl Metrics {
         registry.register("backlog", "Messages read and not yet answered", metrics.backlog.clone());
         registry.register(
             "paused_partitions",
-            "Partitions paused by a workspace's backlog at its bound",
+            "Partitions paused by the read budget or a workspace beyond its share",
             metrics.paused_partitions.clone(),
+        );
+        registry.register(
+            "backlog_bytes",
+            "Bytes of the messages read and not yet answered",
+            metrics.backlog_bytes.clone(),
+        );
+        registry.register(
+            "backlog_budget_bytes",
+            "The read budget: bytes of messages read and not yet answered at most",
+            metrics.backlog_budget_bytes.clone(),
+        );
+        registry.register(
+            "worker_restarts",
+            "Apply workers that died and were started again",
+            metrics.worker_restarts.clone(),
         );
         Metrics { registry, ..metrics }
     }

@@ -37,6 +37,7 @@ fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
                     NotReady::ShuttingDown => "shutting_down",
                     NotReady::NotInGroup => "not_in_group",
                     NotReady::Stalled => "stalled",
+                    NotReady::WorkspaceHeld => "workspace_held",
                 };
                 (503, "application/json", format!(r#"{{"status":"not_ready","reason":"{reason}"}}"#))
             }

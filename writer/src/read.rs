@@ -1,148 +1,130 @@
-//! The reader: one task reads the requests topic and hands each message to the scheduler under
-//! its workspace. What it can answer at once, it answers here: a chunk that reached the topic
-//! after its deadline (expired, never applied) and a message it cannot read (dead-lettered).
-//! When a workspace's backlog reaches its bound, the reader pauses that partition.
+//! The reader: one task reads the requests topic and hands each message, parsed once, to the
+//! scheduler under its workspace. It answers nothing itself and waits on neither PostgreSQL nor
+//! a produce: what a message needs (an apply, an expired or failed answer, a dead letter) a
+//! worker does, in its workspace's order. When the scheduler says the budget or a workspace's
+//! share is reached, the reader pauses those partitions, and it keeps polling while they are.
 
-use crate::apply::{fail_request, record};
-use crate::consume::{Consumer, Request};
-use crate::expiry;
-use crate::metrics::Metrics;
-use crate::outbox::{DeadLetter, Outbox, Unanswerable};
-use crate::retry::{shutdown_asked, Interrupted, Policy};
+use crate::inbox::{Inbound, Partitions};
+use crate::retry::shutdown_asked;
 use crate::schedule::{Queued, Scheduler};
-use intake_common::message::{ChunkOutcome, RequestPart, WriteRequest};
-use rdkafka::message::{Message, OwnedMessage};
-use serde::Deserialize;
-use sqlx::PgPool;
+use rdkafka::consumer::{ConsumerContext, StreamConsumer};
+use rdkafka::message::Message;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-pub struct Reader {
-    pub pool: PgPool,
-    pub consumer: Consumer,
-    pub scheduler: Arc<Scheduler<Request>>,
-    pub outbox: Arc<Outbox>,
-    pub metrics: Arc<Metrics>,
-    pub policy: Policy,
-}
+/// librdkafka takes a group consumer that has not polled for `max.poll.interval.ms` for dead
+/// and leaves the group. rdkafka's `StreamConsumer` polls librdkafka only when something arrives
+/// in its queue; with every partition paused only the statistics events would, so the reader
+/// also polls on this timer, whatever the consumer's settings.
+const POLL_AT_LEAST_EVERY: Duration = Duration::from_secs(1);
 
-/// Enough of any message version to answer it when the rest cannot be read.
-#[derive(Deserialize)]
-struct Envelope {
-    correlation_id: String,
-    reply_partition: i32,
-    #[serde(default)]
-    workspace_id: String,
-    #[serde(default)]
-    request: Option<RequestPart>,
+pub struct Reader {
+    pub partitions: Arc<dyn Partitions>,
+    pub scheduler: Arc<Scheduler<Inbound>>,
 }
 
 impl Reader {
     /// Reads until shutdown.
-    pub async fn read(&self, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
+    pub async fn read<C: ConsumerContext + 'static>(
+        &self,
+        consumer: &StreamConsumer<C>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) {
+        let mut poll = tokio::time::interval(POLL_AT_LEAST_EVERY);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // `recv` is cancel-safe: a message leaves librdkafka's queue only when it returns.
             let received = tokio::select! {
-                () = shutdown_asked(shutdown) => return Ok(()),
-                received = self.consumer.kafka.recv() => received.map(|m| m.detach()),
+                biased;
+                () = shutdown_asked(shutdown) => return,
+                _ = poll.tick() => continue,
+                received = consumer.recv() => received,
             };
-            let message = match received {
-                Ok(message) => message,
+            match received {
+                Ok(message) => self.take(&message),
                 Err(error) => {
                     tracing::warn!(%error, "kafka consume error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
                 }
-            };
-            let generation = self.consumer.generation();
-            self.consumer.resume(self.scheduler.rebalanced(generation));
-            self.take(message, generation, shutdown).await?;
-            self.metrics.backlog.set(i64::try_from(self.scheduler.backlog()).unwrap_or(i64::MAX));
-        }
-    }
-
-    async fn take(
-        &self,
-        message: OwnedMessage,
-        generation: u64,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted> {
-        let (partition, offset) = (message.partition(), message.offset());
-        let request = match WriteRequest::from_slice(message.payload().unwrap_or_default()) {
-            Ok(WriteRequest::V1(request)) => request,
-            Err(error) => {
-                self.unreadable(&message, error, shutdown).await?;
-                self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
-                return Ok(());
             }
-        };
-        if expiry::expired(&message, &request) {
-            record(&self.metrics, &message, &request, "expired", &ChunkOutcome::Expired);
-            self.outbox.reply_all(vec![(&request, ChunkOutcome::Expired)], shutdown).await?;
-            self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
-            return Ok(());
         }
-        if let Err(unanswerable) = self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
-            self.unanswerable(&message, &request, unanswerable, shutdown).await?;
-            self.consumer.store(generation, &[self.scheduler.skipped(partition, offset)]);
-            return Ok(());
-        }
-        let workspace_id = request.workspace_id.clone();
-        let queued = Queued { partition, offset, message: Request { message, request } };
-        if let Some(partition) = self.scheduler.push(&workspace_id, queued) {
-            tracing::warn!(partition, workspace_id, "a workspace's backlog reached its bound; partition paused");
-            self.consumer.pause(partition);
-        }
-        Ok(())
     }
 
-    /// A message whose reply partition does not exist cannot be answered: no gateway waits on
-    /// that partition, so no client was told anything of it. It is not applied (nor any later
-    /// chunk of its request), and it is dead-lettered with the reason for an operator.
-    async fn unanswerable(
-        &self,
-        message: &OwnedMessage,
-        request: &intake_common::message::WriteRequestV1,
-        unanswerable: Unanswerable,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted> {
-        let Unanswerable { reason: error, attempts } = unanswerable;
-        tracing::error!(
-            %error,
-            reply_partition = request.reply_partition,
-            partition = message.partition(),
-            offset = message.offset(),
-            "a request message names a reply partition that does not exist"
-        );
-        record(&self.metrics, message, request, "failed", &ChunkOutcome::Failed);
-        let part = request.request.as_ref();
-        fail_request(&self.pool, self.policy, &self.metrics, &request.workspace_id, part, shutdown).await?;
-        let letter = DeadLetter { reason: "no_reply_partition", error, attempts, message };
-        self.outbox.dead_letter(letter, shutdown).await
+    /// Queues one message for its workspace (after a rebalance, the messages read before it are
+    /// dropped first) and pauses what the scheduler says to pause.
+    pub fn take(&self, message: &impl Message) {
+        let generation = self.partitions.generation();
+        self.partitions.resume(&self.scheduler.rebalanced(generation));
+        let (inbound, bytes) = Inbound::read(message);
+        let workspace_id = inbound.workspace_id().to_owned();
+        let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
+        let pause = self.scheduler.push(&workspace_id, queued);
+        if !pause.is_empty() {
+            let held_bytes = self.scheduler.held_bytes();
+            tracing::warn!(
+                ?pause,
+                workspace_id,
+                held_bytes,
+                "read budget or a workspace's share reached; partitions paused"
+            );
+            self.partitions.pause(&pause);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox::testing::{message, raw, request, RecordedPartitions};
+    use crate::inbox::Body;
+
+    fn reader(budget: usize) -> (Reader, Arc<RecordedPartitions>) {
+        let partitions = Arc::new(RecordedPartitions::default());
+        let reader = Reader { partitions: partitions.clone(), scheduler: Arc::new(Scheduler::new(budget, 64)) };
+        (reader, partitions)
     }
 
-    /// Dead-lettered and answered failed (its request too, so that no later chunk of it is
-    /// applied), when enough of it can be read.
-    async fn unreadable(
-        &self,
-        message: &OwnedMessage,
-        error: serde_json::Error,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted> {
-        let payload = message.payload().unwrap_or_default();
-        tracing::error!(%error, partition = message.partition(), offset = message.offset(), "unreadable request message");
-        let envelope = serde_json::from_slice::<Envelope>(payload).ok();
-        if let Some(envelope) = &envelope {
-            let part = envelope.request.as_ref();
-            fail_request(&self.pool, self.policy, &self.metrics, &envelope.workspace_id, part, shutdown).await?;
-        }
-        let letter = DeadLetter { reason: "unreadable", error: error.to_string(), attempts: 1, message };
-        self.outbox.dead_letter(letter, shutdown).await?;
-        if let Some(envelope) = envelope {
-            self.outbox
-                .reply(&envelope.correlation_id, envelope.reply_partition, None, ChunkOutcome::Failed, shutdown)
-                .await?;
-        }
-        Ok(())
+    #[tokio::test]
+    async fn each_message_goes_to_its_workspaces_queue_in_order_expired_or_unreadable_alike() {
+        let (reader, _) = reader(usize::MAX);
+        let mut late = request("ws_a", "a2", 1);
+        late.deadline_ms = 10;
+        reader.take(&message(&request("ws_a", "a1", 2), 0, 0, 0));
+        reader.take(&message(&request("ws_b", "b1", 1), 0, 1, 0));
+        reader.take(&message(&late, 0, 2, 11));
+        reader.take(&raw(b"ws_a", b"{".to_vec(), 0, 3, 0));
+        let first = reader.scheduler.take().await;
+        let kinds: Vec<(&str, i64)> = first
+            .group()
+            .messages
+            .iter()
+            .map(|q| match &q.message.body {
+                Body::Request(_) => ("request", q.offset),
+                Body::Expired(_) => ("expired", q.offset),
+                Body::Unreadable(_) => ("unreadable", q.offset),
+            })
+            .collect();
+        assert_eq!(first.group().workspace_id, "ws_a");
+        assert_eq!(kinds, [("request", 0), ("expired", 2), ("unreadable", 3)]);
+        assert_eq!(reader.scheduler.take().await.group().workspace_id, "ws_b");
+        assert!(reader.scheduler.held_bytes() > 4 * 512, "each message charged");
+    }
+
+    #[test]
+    fn past_the_budget_the_reader_pauses_the_partitions_read_and_a_rebalance_resumes_them() {
+        let small = |workspace: &str, partition: i32| message(&request(workspace, "c", 10), partition, 0, 0);
+        let big = message(&request("ws_c", "c", 40), 2, 0, 0);
+        let budget = 2 * Inbound::read(&small("ws_a", 0)).1 + Inbound::read(&big).1;
+        let (reader, partitions) = reader(budget);
+        reader.take(&small("ws_a", 0));
+        reader.take(&small("ws_b", 1));
+        assert!(RecordedPartitions::take(&partitions.paused).is_empty(), "under half the budget");
+        reader.take(&big);
+        assert_eq!(RecordedPartitions::take(&partitions.paused), vec![0, 1, 2]);
+        partitions.generation.store(1, std::sync::atomic::Ordering::SeqCst);
+        reader.take(&message(&request("ws_d", "d", 1), 3, 0, 0));
+        assert_eq!(RecordedPartitions::take(&partitions.resumed), vec![0, 1, 2], "after a rebalance");
+        assert_eq!(reader.scheduler.backlog(), 1, "what was read before it is read again by the partitions' owners");
     }
 }

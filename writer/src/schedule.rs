@@ -7,9 +7,12 @@
 //! yet finished, never past it: after a restart or a rebalance the messages from there are read
 //! again, and `applied_messages` answers those already applied.
 //!
-//! A workspace's backlog is bounded: when it reaches the bound its partition is paused (the
-//! neighbours on that partition wait too, so the bound sits above what admission lets in from
-//! every gateway) and resumed once the backlog is down to half.
+//! Memory (docs/architecture.md, "Memory"): what is read and not yet answered is held within a
+//! byte budget. At the budget every partition read is paused, until the held bytes are down to
+//! three quarters of it. Past half the budget each workspace may hold its fair share, the budget
+//! over the workspaces holding messages plus one; a workspace beyond it pauses its own partition
+//! until it is down to half its share. Below half the budget nobody is held back: a stuck
+//! workspace alone takes at most about half, and its neighbours on other partitions go on.
 //!
 //! Generic over the message, so that the rules are tested without Kafka.
 
@@ -27,6 +30,8 @@ const MAX_PARK: Duration = Duration::from_millis(500);
 pub struct Queued<M> {
     pub partition: i32,
     pub offset: i64,
+    /// What holding the message costs, counted against the budget.
+    pub bytes: usize,
     pub message: M,
 }
 
@@ -35,6 +40,15 @@ pub struct Group<M> {
     pub generation: u64,
     pub workspace_id: String,
     pub messages: Vec<Queued<M>>,
+    /// Workers that died holding this workspace's first message since it last finished one:
+    /// while any did, the group is that one message alone.
+    pub panics: u32,
+}
+
+impl<M> Group<M> {
+    fn bytes(&self) -> usize {
+        self.messages.iter().map(|q| q.bytes).sum()
+    }
 }
 
 /// What the caller does after a group is finished.
@@ -44,12 +58,14 @@ pub struct Afterwards {
     pub store: Vec<(i32, i64)>,
     /// Partitions to resume.
     pub resume: Vec<i32>,
+    /// How long the workspace has waited for its lock, when it was found busy.
+    pub waited: Option<Duration>,
 }
 
 pub struct Scheduler<M> {
     state: Mutex<State<M>>,
     wake: Notify,
-    backlog_bound: usize,
+    budget: usize,
     max_group: usize,
 }
 
@@ -59,17 +75,45 @@ struct State<M> {
     /// Workspaces with messages, neither taken nor parked, in the order they became ready.
     ready: VecDeque<String>,
     partitions: HashMap<i32, Offsets>,
-    /// Paused partitions, with the workspaces whose backlog paused them.
-    paused: HashMap<i32, HashSet<String>>,
+    /// Paused partitions, and why.
+    paused: HashMap<i32, Pause>,
+    /// Bytes of the messages in the queues, and of those in workers' hands.
+    queued_bytes: usize,
+    taken_bytes: usize,
+    /// The budget was reached: every partition read is paused.
+    full: bool,
+}
+
+impl<M> State<M> {
+    fn held(&self) -> usize {
+        self.queued_bytes + self.taken_bytes
+    }
+}
+
+#[derive(Default)]
+struct Pause {
+    /// By the whole budget.
+    full: bool,
+    /// By these workspaces, each beyond its share.
+    workspaces: HashSet<String>,
+}
+
+impl Pause {
+    fn is_empty(&self) -> bool {
+        !self.full && self.workspaces.is_empty()
+    }
 }
 
 struct Workspace<M> {
     queue: VecDeque<Queued<M>>,
     taken: bool,
+    /// Bytes of its queued messages and of its group in a worker's hands.
+    bytes: usize,
     parked_until: Option<Instant>,
     park: Duration,
     /// When it was first found busy, since its last applied group.
     waiting_since: Option<Instant>,
+    panics: u32,
 }
 
 #[derive(Default)]
@@ -86,7 +130,9 @@ impl Offsets {
 }
 
 impl<M> Scheduler<M> {
-    pub fn new(backlog_bound: usize, max_group: usize) -> Self {
+    /// `budget`: bytes of messages held at most (see [`Queued::bytes`]); `max_group`: messages
+    /// one worker takes at once.
+    pub fn new(budget: usize, max_group: usize) -> Self {
         Scheduler {
             state: Mutex::new(State {
                 generation: 0,
@@ -94,15 +140,23 @@ impl<M> Scheduler<M> {
                 ready: VecDeque::new(),
                 partitions: HashMap::new(),
                 paused: HashMap::new(),
+                queued_bytes: 0,
+                taken_bytes: 0,
+                full: false,
             }),
             wake: Notify::new(),
-            backlog_bound: backlog_bound.max(1),
+            budget: budget.max(1),
             max_group: max_group.max(1),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, State<M>> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// What one of `holders` workspaces may hold once half the budget is used.
+    fn share(&self, holders: usize) -> usize {
+        self.budget / (holders + 1)
     }
 
     /// A rebalance: everything read before it is dropped (the partitions' owners read it again
@@ -117,57 +171,73 @@ impl<M> Scheduler<M> {
         state.workspaces.clear();
         state.ready.clear();
         state.partitions.clear();
-        state.paused.drain().map(|(partition, _)| partition).collect()
+        state.queued_bytes = 0;
+        state.full = false;
+        let mut resume: Vec<i32> = state.paused.drain().map(|(partition, _)| partition).collect();
+        resume.sort_unstable();
+        resume
     }
 
-    /// Queues a message for its workspace. Returns the partition to pause when the workspace's
-    /// backlog reaches the bound.
-    pub fn push(&self, workspace_id: &str, queued: Queued<M>) -> Option<i32> {
+    /// Queues a message for its workspace. Returns the partitions to pause: every one read so
+    /// far when the budget is reached, or the message's own when its workspace is beyond its
+    /// share.
+    pub fn push(&self, workspace_id: &str, queued: Queued<M>) -> Vec<i32> {
         let mut state = self.lock();
-        let partition = queued.partition;
+        let (partition, bytes) = (queued.partition, queued.bytes);
         let offsets = state.partitions.entry(partition).or_default();
         offsets.unfinished.insert(queued.offset);
         offsets.next = offsets.next.max(queued.offset + 1);
+        state.queued_bytes += bytes;
         let workspace = state.workspaces.entry(workspace_id.to_owned()).or_insert_with(|| Workspace {
             queue: VecDeque::new(),
             taken: false,
+            bytes: 0,
             parked_until: None,
             park: FIRST_PARK,
             waiting_since: None,
+            panics: 0,
         });
         workspace.queue.push_back(queued);
-        let (len, idle) = (workspace.queue.len(), !workspace.taken && workspace.parked_until.is_none());
+        workspace.bytes += bytes;
+        let (len, idle, workspace_bytes) =
+            (workspace.queue.len(), !workspace.taken && workspace.parked_until.is_none(), workspace.bytes);
         if idle && len == 1 {
             state.ready.push_back(workspace_id.to_owned());
             self.wake.notify_one();
         }
-        if len < self.backlog_bound {
-            return None;
+        let held = state.held();
+        let mut pause = Vec::new();
+        if state.full || held >= self.budget {
+            state.full = true;
+            let State { partitions, paused, .. } = &mut *state;
+            for &read in partitions.keys() {
+                let pausing = paused.entry(read).or_default();
+                if pausing.is_empty() {
+                    pause.push(read);
+                }
+                pausing.full = true;
+            }
+        } else if held >= self.budget / 2 && workspace_bytes >= self.share(state.workspaces.len()) {
+            let pausing = state.paused.entry(partition).or_default();
+            if pausing.is_empty() {
+                pause.push(partition);
+            }
+            pausing.workspaces.insert(workspace_id.to_owned());
         }
-        let pausing = state.paused.entry(partition).or_default();
-        let first = pausing.is_empty();
-        pausing.insert(workspace_id.to_owned());
-        first.then_some(partition)
-    }
-
-    /// A message answered as it was read (expired, unreadable): read and finished. Returns the
-    /// offset to store.
-    pub fn skipped(&self, partition: i32, offset: i64) -> (i32, i64) {
-        let mut state = self.lock();
-        let offsets = state.partitions.entry(partition).or_default();
-        offsets.next = offsets.next.max(offset + 1);
-        (partition, offsets.committable())
+        pause.sort_unstable();
+        pause
     }
 
     /// The next workspace's group: the ready one that waited longest, or a parked one whose
-    /// time has come. Waits until there is one.
-    pub async fn take(&self) -> Group<M> {
+    /// time has come. Waits until there is one. Dropped without [`Taken::finish`] (its worker
+    /// died or stopped), the group goes back to the front of its workspace's queue.
+    pub async fn take(&self) -> Taken<'_, M> {
         loop {
             let notified = self.wake.notified();
             let wake_at = {
                 let mut state = self.lock();
                 if let Some(group) = self.take_ready(&mut state) {
-                    return group;
+                    return Taken { scheduler: self, group: Some(group) };
                 }
                 state.workspaces.values().filter_map(|w| w.parked_until).min()
             };
@@ -203,9 +273,13 @@ impl<M> Scheduler<M> {
                 continue;
             }
             workspace.taken = true;
-            let count = workspace.queue.len().min(self.max_group);
+            let count = if workspace.panics > 0 { 1 } else { workspace.queue.len().min(self.max_group) };
             let messages = workspace.queue.drain(..count).collect();
-            return Some(Group { generation: state.generation, workspace_id: id, messages });
+            let group = Group { generation: state.generation, workspace_id: id, messages, panics: workspace.panics };
+            let bytes = group.bytes();
+            state.queued_bytes -= bytes;
+            state.taken_bytes += bytes;
+            return Some(group);
         }
         None
     }
@@ -213,19 +287,23 @@ impl<M> Scheduler<M> {
     /// Records how a group ended: its first `answered` messages were answered; the rest (the
     /// workspace's lock was held elsewhere) go back to the front of its queue, and the
     /// workspace is parked. Says which offsets to store and which partitions to resume.
-    pub fn finish(&self, group: Group<M>, answered: usize) -> Afterwards {
+    fn finish(&self, group: Group<M>, answered: usize) -> Afterwards {
         let mut state = self.lock();
+        state.taken_bytes -= group.bytes();
         if group.generation != state.generation {
             return Afterwards::default();
         }
         let Group { workspace_id, mut messages, .. } = group;
         let unanswered = messages.split_off(answered.min(messages.len()));
         let mut afterwards = Afterwards::default();
-        let State { workspaces, ready, partitions, paused, .. } = &mut *state;
+        let unanswered_bytes: usize = unanswered.iter().map(|q| q.bytes).sum();
+        state.queued_bytes += unanswered_bytes;
+        let State { workspaces, ready, partitions, .. } = &mut *state;
         let Some(workspace) = workspaces.get_mut(&workspace_id) else { return afterwards };
         workspace.taken = false;
         let mut touched = BTreeSet::new();
         for queued in &messages {
+            workspace.bytes -= queued.bytes;
             if let Some(offsets) = partitions.get_mut(&queued.partition) {
                 offsets.unfinished.remove(&queued.offset);
                 touched.insert(queued.partition);
@@ -233,13 +311,16 @@ impl<M> Scheduler<M> {
         }
         afterwards.store =
             touched.into_iter().filter_map(|p| partitions.get(&p).map(|o| (p, o.committable()))).collect();
+        if !messages.is_empty() {
+            workspace.panics = 0;
+        }
         if unanswered.is_empty() {
             workspace.park = FIRST_PARK;
             workspace.waiting_since = None;
             if workspace.queue.is_empty() {
                 workspaces.remove(&workspace_id);
             } else {
-                ready.push_back(workspace_id.clone());
+                ready.push_back(workspace_id);
                 self.wake.notify_one();
             }
         } else {
@@ -249,22 +330,58 @@ impl<M> Scheduler<M> {
             let now = Instant::now();
             workspace.parked_until = Some(now + workspace.park);
             workspace.park = (workspace.park * 2).min(MAX_PARK);
-            workspace.waiting_since.get_or_insert(now);
+            afterwards.waited = Some(now - *workspace.waiting_since.get_or_insert(now));
             // A taker sleeping until the earliest parked time must see this one.
             self.wake.notify_one();
         }
-        let backlog = workspaces.get(&workspace_id).map_or(0, |w| w.queue.len());
-        if backlog <= self.backlog_bound / 2 {
-            paused.retain(|&partition, pausing| {
-                pausing.remove(&workspace_id);
-                let resume = pausing.is_empty();
-                if resume {
-                    afterwards.resume.push(partition);
-                }
-                !resume
-            });
-        }
+        afterwards.resume = self.resumable(&mut state);
         afterwards
+    }
+
+    /// A group whose worker died (or stopped) with it in hand goes back, unanswered, to the
+    /// front of its workspace's queue, ready at once; a death is counted, so that the next
+    /// group is its first message alone.
+    fn release(&self, group: Group<M>, died: bool) {
+        let mut state = self.lock();
+        let bytes = group.bytes();
+        state.taken_bytes -= bytes;
+        if group.generation != state.generation {
+            return;
+        }
+        state.queued_bytes += bytes;
+        let State { workspaces, ready, .. } = &mut *state;
+        let Some(workspace) = workspaces.get_mut(&group.workspace_id) else { return };
+        workspace.taken = false;
+        workspace.panics += u32::from(died);
+        for queued in group.messages.into_iter().rev() {
+            workspace.queue.push_front(queued);
+        }
+        ready.push_back(group.workspace_id);
+        self.wake.notify_one();
+    }
+
+    /// The paused partitions whose reasons are gone: the budget is down to three quarters, and
+    /// each workspace that paused one is down to half its share.
+    fn resumable(&self, state: &mut State<M>) -> Vec<i32> {
+        if state.full && state.held() <= self.budget / 4 * 3 {
+            state.full = false;
+            for pause in state.paused.values_mut() {
+                pause.full = false;
+            }
+        }
+        let half_share = self.share(state.workspaces.len()) / 2;
+        let State { workspaces, paused, .. } = state;
+        let mut resume = Vec::new();
+        paused.retain(|&partition, pause| {
+            pause.workspaces.retain(|id| workspaces.get(id).is_some_and(|w| w.bytes > half_share));
+            let done = pause.is_empty();
+            if done {
+                resume.push(partition);
+            }
+            !done
+        });
+        resume.sort_unstable();
+        resume
     }
 
     /// Workspaces waiting for a lock held elsewhere, and for how long.
@@ -282,8 +399,41 @@ impl<M> Scheduler<M> {
         self.lock().partitions.values().map(|o| o.unfinished.len()).sum()
     }
 
+    /// Bytes held: read and not yet answered, in the queues and in workers' hands.
+    pub fn held_bytes(&self) -> usize {
+        self.lock().held()
+    }
+
     pub fn paused_partitions(&self) -> usize {
         self.lock().paused.len()
+    }
+}
+
+/// A group in a worker's hands; see [`Scheduler::take`].
+pub struct Taken<'a, M> {
+    scheduler: &'a Scheduler<M>,
+    group: Option<Group<M>>,
+}
+
+impl<M> Taken<'_, M> {
+    pub fn group(&self) -> &Group<M> {
+        self.group.as_ref().unwrap_or_else(|| unreachable!("a group is only gone once finished"))
+    }
+
+    /// See [`Scheduler::finish`].
+    pub fn finish(mut self, answered: usize) -> Afterwards {
+        match self.group.take() {
+            Some(group) => self.scheduler.finish(group, answered),
+            None => Afterwards::default(),
+        }
+    }
+}
+
+impl<M> Drop for Taken<'_, M> {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            self.scheduler.release(group, std::thread::panicking());
+        }
     }
 }
 
@@ -292,7 +442,11 @@ mod tests {
     use super::*;
 
     fn queued(partition: i32, offset: i64) -> Queued<&'static str> {
-        Queued { partition, offset, message: "m" }
+        sized(partition, offset, 1)
+    }
+
+    fn sized(partition: i32, offset: i64, bytes: usize) -> Queued<&'static str> {
+        Queued { partition, offset, bytes, message: "m" }
     }
 
     fn offsets(group: &Group<&str>) -> Vec<i64> {
@@ -306,16 +460,24 @@ mod tests {
         scheduler.push("other", queued(0, 1));
         scheduler.push("held", queued(0, 2));
         let held = scheduler.take().await;
-        assert_eq!((held.workspace_id.as_str(), offsets(&held)), ("held", vec![0, 2]), "in order, together");
+        assert_eq!((held.group().workspace_id.as_str(), offsets(held.group())), ("held", vec![0, 2]), "in order");
         let other = scheduler.take().await;
-        assert_eq!(other.workspace_id, "other");
-        assert_eq!(scheduler.finish(held, 0), Afterwards::default());
-        let done = scheduler.finish(other, usize::MAX);
+        assert_eq!(other.group().workspace_id, "other");
+        let busy = held.finish(0);
+        assert_eq!((busy.store, busy.waited), (vec![], Some(Duration::ZERO)), "found busy just now");
+        let done = other.finish(usize::MAX);
         assert_eq!(done.store, vec![(0, 0)], "never past the lowest message not finished");
         assert_eq!(scheduler.waiting().len(), 1);
         let again = scheduler.take().await;
-        assert_eq!((again.workspace_id.as_str(), offsets(&again)), ("held", vec![0, 2]), "its order kept");
-        assert_eq!(scheduler.finish(again, usize::MAX).store, vec![(0, 3)]);
+        assert_eq!(
+            (again.group().workspace_id.as_str(), offsets(again.group())),
+            ("held", vec![0, 2]),
+            "its order kept"
+        );
+        let busy = again.finish(0);
+        assert!(busy.waited.is_some_and(|waited| waited >= FIRST_PARK), "counted from the first time: {busy:?}");
+        let last = scheduler.take().await;
+        assert_eq!(last.finish(usize::MAX).store, vec![(0, 3)]);
         assert!(scheduler.waiting().is_empty());
     }
 
@@ -326,31 +488,88 @@ mod tests {
         scheduler.push("ws", queued(0, 1));
         let first = scheduler.take().await;
         assert!(scheduler.lock().ready.is_empty(), "its next message waits for the first to finish");
-        scheduler.finish(first, usize::MAX);
-        assert_eq!(offsets(&scheduler.take().await), vec![1]);
+        first.finish(usize::MAX);
+        assert_eq!(offsets(scheduler.take().await.group()), vec![1]);
     }
 
     #[tokio::test]
-    async fn a_backlog_at_its_bound_pauses_the_partition_until_it_is_down_to_half() {
-        let scheduler = Scheduler::new(4, 2);
-        assert_eq!((0..3).filter_map(|o| scheduler.push("big", queued(5, o))).count(), 0);
-        assert_eq!(scheduler.push("big", queued(5, 3)), Some(5));
-        assert_eq!(scheduler.push("big", queued(5, 4)), None, "paused once");
-        let group = scheduler.take().await;
-        assert_eq!(scheduler.finish(group, usize::MAX).resume, Vec::<i32>::new(), "3 left, above half");
-        let group = scheduler.take().await;
-        assert_eq!(scheduler.finish(group, usize::MAX).resume, vec![5]);
+    async fn at_the_budget_every_partition_read_pauses_until_three_quarters_are_left() {
+        let scheduler = Scheduler::new(1_000, 64);
+        for (offset, (workspace, partition)) in
+            [("a", 0), ("b", 1), ("c", 2), ("d", 0), ("e", 1)].into_iter().enumerate()
+        {
+            let offset = i64::try_from(offset).unwrap_or_default();
+            assert_eq!(scheduler.push(workspace, sized(partition, offset, 100)), Vec::<i32>::new());
+        }
+        assert_eq!(scheduler.push("f", sized(2, 5, 500)), vec![0, 1, 2], "every partition read so far");
+        assert_eq!(scheduler.push("g", sized(7, 0, 10)), vec![7], "a partition first read while full pauses too");
+        assert_eq!((scheduler.held_bytes(), scheduler.paused_partitions()), (1_010, 4));
+        for held in [910, 810] {
+            assert_eq!(scheduler.take().await.finish(usize::MAX).resume, Vec::<i32>::new());
+            assert_eq!(scheduler.held_bytes(), held, "above three quarters: still paused");
+        }
+        assert_eq!(scheduler.take().await.finish(usize::MAX).resume, vec![0, 1, 2, 7]);
+        assert_eq!(scheduler.paused_partitions(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_half_the_budget_a_workspace_beyond_its_share_pauses_only_its_own_partition() {
+        let scheduler = Scheduler::new(1_000, 64);
+        for (offset, workspace) in ["a", "b", "c"].into_iter().enumerate() {
+            scheduler.push(workspace, sized(i32::try_from(offset).unwrap_or(0), 0, 10));
+        }
+        assert_eq!(
+            scheduler.push("stuck", sized(3, 0, 400)),
+            Vec::<i32>::new(),
+            "beyond its share, but half the budget is free"
+        );
+        assert_eq!(scheduler.push("stuck", sized(3, 1, 100)), vec![3]);
+        assert_eq!(scheduler.push("stuck", sized(3, 2, 100)), Vec::<i32>::new(), "paused once");
+        assert_eq!(scheduler.push("d", sized(1, 1, 10)), Vec::<i32>::new(), "its neighbours on other partitions go on");
+        for _ in 0..4 {
+            let taken = scheduler.take().await;
+            let answered = if taken.group().workspace_id == "stuck" { 0 } else { usize::MAX };
+            assert_eq!(taken.finish(answered).resume, Vec::<i32>::new(), "still beyond half its share");
+        }
+        let mut resumed = Vec::new();
+        while resumed.is_empty() {
+            let taken = scheduler.take().await;
+            resumed = taken.finish(usize::MAX).resume;
+        }
+        assert_eq!(resumed, vec![3], "its lock released, its backlog answered");
+    }
+
+    #[tokio::test]
+    async fn a_group_whose_worker_died_goes_back_in_order_and_is_tried_one_message_at_a_time() {
+        let scheduler = Scheduler::new(1_000, 64);
+        for offset in 0..3 {
+            scheduler.push("ws", queued(0, offset));
+        }
+        let taken = scheduler.take().await;
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _in_hand = taken;
+            panic!("a worker dies");
+        }));
+        assert!(died.is_err());
+        assert_eq!(scheduler.held_bytes(), 3, "still held, in the queue");
+        let alone = scheduler.take().await;
+        assert_eq!((offsets(alone.group()), alone.group().panics), (vec![0], 1), "the first message alone");
+        assert_eq!(alone.finish(1).store, vec![(0, 1)]);
+        let rest = scheduler.take().await;
+        assert_eq!((offsets(rest.group()), rest.group().panics), (vec![1, 2], 0), "back to whole groups");
+        drop(rest);
+        assert_eq!(offsets(scheduler.take().await.group()), vec![1, 2], "a worker that stopped is no death");
     }
 
     #[tokio::test]
     async fn a_rebalance_drops_what_was_read_and_the_groups_in_hand_store_nothing() {
         let scheduler = Scheduler::new(100, 64);
-        scheduler.push("a", queued(0, 7));
-        scheduler.push("b", queued(1, 3));
+        scheduler.push("a", sized(0, 7, 10));
+        scheduler.push("b", sized(1, 3, 20));
         let in_hand = scheduler.take().await;
         scheduler.rebalanced(1);
-        assert_eq!(scheduler.backlog(), 0);
-        assert_eq!(scheduler.finish(in_hand, usize::MAX), Afterwards::default());
-        assert_eq!(scheduler.skipped(1, 9), (1, 10), "after a message answered as read");
+        assert_eq!((scheduler.backlog(), scheduler.held_bytes()), (0, 10), "the group in hand is still held");
+        assert_eq!(in_hand.finish(usize::MAX), Afterwards::default());
+        assert_eq!(scheduler.held_bytes(), 0);
     }
 }
