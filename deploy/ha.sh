@@ -170,7 +170,7 @@ ha_write_configs() {
     done
     cp "$HA_TEMPLATES/dcs.yml" "$HA/conf/dcs.yml"
     # patronictl needs only etcd and the scope.
-    printf 'scope: %s\netcd3:\n  hosts: %s\n  protocol: http\n' "$HA_SCOPE" "$etcd_hosts" >"$HA/conf/patronictl.yml"
+    printf 'scope: %s\netcd:\n  hosts: %s\n  protocol: http\n' "$HA_SCOPE" "$etcd_hosts" >"$HA/conf/patronictl.yml"
     ha_render "$HA_TEMPLATES/haproxy.cfg" "$HA/conf/haproxy.cfg" RUN="$RUN" PRIMARY_PORT="$PRIMARY" \
         STATS_PORT="$(ha_port "$BASE" stats)" \
         PG_PORT_1="$(ha_port "$BASE" pg 1)" PG_PORT_2="$(ha_port "$BASE" pg 2)" PG_PORT_3="$(ha_port "$BASE" pg 3)" \
@@ -252,13 +252,14 @@ ha_start_etcd() {
     say "starting etcd member $n on $client"
     # Heartbeats every 200 ms and an election after 2 s without one (etcd's defaults: 100 ms,
     # 1 s): three members on one loaded 2-core machine miss a 1 s window now and then, and
-    # each election pauses writes to etcd. The initial-cluster flags count only on the first
-    # start; later starts read the member from its data directory.
+    # each election pauses writes to etcd. The v2 API is Patroni's (deploy/ha/patroni.yml says
+    # why). The initial-cluster flags count only on the first start; later starts read the
+    # member from its data directory.
     start_process "$name" etcd --name "etcd-$n" --data-dir "$HA/etcd-$n" \
         --listen-client-urls "$client" --advertise-client-urls "$client" \
         --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
         --initial-cluster "$cluster" --initial-cluster-token "intake-ha-$BASE" --initial-cluster-state new \
-        --heartbeat-interval 200 --election-timeout 2000 \
+        --heartbeat-interval 200 --election-timeout 2000 --enable-v2=true \
         --snapshot-count 10000 --auto-compaction-mode periodic --auto-compaction-retention 1h \
         --logger zap --log-outputs stderr
 }
