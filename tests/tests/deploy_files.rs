@@ -34,7 +34,7 @@ fn deployment_files_pass_their_validators() {
 /// CRDs) on `manifest`; its success and output.
 fn validate_crds(name: &str, manifest: &str) -> (bool, String) {
     let file = std::env::temp_dir().join(format!("intake-crds-{name}-{}.yaml", std::process::id()));
-    std::fs::write(&file, manifest).unwrap();
+    std::fs::write(&file, manifest).unwrap_or_else(|e| panic!("writing {}: {e}", file.display()));
     let output = Command::new("bash")
         .arg(repo().join("deploy/validate.sh"))
         .arg("crds")
@@ -49,7 +49,8 @@ fn validate_crds(name: &str, manifest: &str) -> (bool, String) {
 
 #[test]
 fn custom_resources_are_validated_strictly_against_the_vendored_crds() {
-    let manifest = std::fs::read_to_string(repo().join("deploy/k8s/15-database.yaml")).unwrap();
+    let manifest = std::fs::read_to_string(repo().join("deploy/k8s/15-database.yaml"))
+        .unwrap_or_else(|e| panic!("reading deploy/k8s/15-database.yaml: {e}"));
     let (ok, printed) = validate_crds("database", &manifest);
     assert!(ok, "{printed}");
     for resource in ["Cluster intake-db", "ObjectStore intake-db-backups", "ScheduledBackup intake-db-nightly"] {
