@@ -8,9 +8,9 @@
 use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
+use crate::retry::{Classify, Failure};
 use intake_common::conversion::Conversion;
 use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
-use crate::retry::{Classify, Failure};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::types::Json;
