@@ -270,12 +270,8 @@ async fn a_row_lock_held_elsewhere_is_waited_out_not_dead_lettered() {
     tx.rollback().await.unwrap_or_else(|e| panic!("{e}"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let value: Option<String> = sqlx::query_scalar("SELECT value::text FROM conversions WHERE workspace_id = $1")
-            .bind(&key.workspace_id)
-            .fetch_one(&db)
-            .await
-            .unwrap_or_default();
-        if value.as_deref() == Some("7") {
+        let values: Vec<_> = stored_values(&db, &key.workspace_id).await.into_values().collect();
+        if values == [Some("7".to_owned())] {
             break;
         }
         assert!(Instant::now() < deadline, "the waiting chunk was never applied");

@@ -1,7 +1,7 @@
 //! The operator commands of docs/operations.md, "Operator commands" that the other tests do not already cover.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, Stack};
+use intake_tests::{conversion, database, stored_count, Stack};
 
 fn minute_ago() -> String {
     let at = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
@@ -98,12 +98,7 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         replayed,
         json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0, "expired": 0, "request_failed": 0})
     );
-    let back: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&db)
-        .await
-        .unwrap_or(-1);
-    assert_eq!(back, 3);
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 3);
 
     let partition_of_first: i64 = 0;
     let by_offset =

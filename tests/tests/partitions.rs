@@ -69,11 +69,7 @@ async fn the_requests_topic_grows_only_when_drained_and_every_workspace_keeps_it
     }
     let db = database().await;
     for key in &keys {
-        let value: String = sqlx::query_scalar("SELECT value::text FROM conversions WHERE workspace_id = $1")
-            .bind(&key.workspace_id)
-            .fetch_one(&db)
-            .await
-            .unwrap_or_default();
-        assert_eq!(value, "4", "the last value sent wins in {}", key.workspace_id);
+        let values: Vec<_> = stored_values(&db, &key.workspace_id).await.into_values().collect();
+        assert_eq!(values, [Some("4".to_owned())], "the last value sent wins in {}", key.workspace_id);
     }
 }

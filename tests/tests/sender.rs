@@ -2,7 +2,7 @@
 //! forced rate limit, server errors and an unreachable service, JSON Lines from standard input.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{database, now_ms, wait_until, Stack, StackOptions, TestKey};
+use intake_tests::{database, now_ms, stored_values, wait_until, Stack, StackOptions, TestKey};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -120,13 +120,7 @@ fn assert_key_never_shown(output: &Output, key: &TestKey) {
 }
 
 async fn stored_ids(key: &TestKey) -> BTreeSet<String> {
-    sqlx::query_scalar::<_, String>("SELECT external_id FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_all(&database().await)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
-        .collect()
+    stored_values(&database().await, &key.workspace_id).await.into_keys().collect()
 }
 
 fn read_rejects_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
