@@ -530,6 +530,19 @@ impl Stack {
         Metrics::scrape(&self.http, &self.ops_url).await
     }
 
+    /// Waits until the gateway counts `count` writes admitted and not yet answered.
+    pub async fn wait_writes_in_flight(&self, count: f64) {
+        let in_flight = || async { self.metrics().await.value("intake_gateway_writes_in_flight") == count };
+        wait_until(&format!("{count} writes in flight"), Duration::from_secs(10), in_flight).await;
+    }
+
+    /// Waits until the gateway's /readyz answers 503 (after SIGTERM: it is shutting down).
+    pub async fn wait_not_ready(&self) {
+        let readyz = format!("{}/readyz", self.ops_url);
+        let not_ready = || async { self.http.get(&readyz).send().await.is_ok_and(|r| r.status().as_u16() == 503) };
+        wait_until("/readyz answering 503", Duration::from_secs(5), not_ready).await;
+    }
+
     /// The Prometheus metrics of the stack's writer `index` (in the order of `writer_ops_urls`).
     pub async fn writer_metrics(&self, index: usize) -> Metrics {
         Metrics::scrape(&self.http, &self.writer_ops_urls[index]).await

@@ -74,13 +74,9 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
         let key = key.clone();
         tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await })
     };
-    let in_flight_now = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
-    wait_until("a write in flight", Duration::from_secs(5), in_flight_now).await;
+    stack.wait_writes_in_flight(1.0).await;
     let exited = stack.terminate_gateway();
-    let readyz = format!("{}/readyz", stack.ops_url);
-    let shutting_down =
-        || async { stack.http.get(&readyz).send().await.is_ok_and(|response| response.status().as_u16() == 503) };
-    wait_until("the gateway shutting down", Duration::from_secs(5), shutting_down).await;
+    stack.wait_not_ready().await;
     stack.start_writer();
     let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reply.status, 201, "the request in flight at SIGTERM was answered: {reply:?}");

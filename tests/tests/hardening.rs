@@ -263,8 +263,7 @@ async fn requests_beyond_the_cap_in_flight_get_503_at_once() {
             tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
         })
         .collect();
-    let in_flight = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 2.0 };
-    wait_until("two writes in flight", Duration::from_secs(5), in_flight).await;
+    stack.wait_writes_in_flight(2.0).await;
     let started = Instant::now();
     let reply = stack.get("/v1/workspace", &key).await;
     assert!(started.elapsed() < Duration::from_millis(500));
@@ -296,8 +295,7 @@ async fn writes_beyond_the_cap_get_503_before_their_body_is_read() {
             tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
         })
         .collect();
-    let in_flight = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 3.0 };
-    wait_until("three writes in flight", Duration::from_secs(5), in_flight).await;
+    stack.wait_writes_in_flight(3.0).await;
 
     // The fourth write declares a body and sends none: answered at once, so the body was not awaited.
     let mut fourth = Raw::connect(&stack).await;
@@ -475,8 +473,7 @@ async fn readiness_follows_kafka_and_postgresql_and_turns_on_sigterm_before_the_
         let (client, key) = (stack.client(), key.clone());
         tokio::spawn(async move { client.post("/v1/conversions", &key, &conversion("lead")).await.status })
     };
-    let in_flight_now = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
-    wait_until("a write in flight", Duration::from_secs(5), in_flight_now).await;
+    stack.wait_writes_in_flight(1.0).await;
     let exited = stack.terminate_gateway();
     let terminated = Instant::now();
     wait_until("/readyz answering 503", Duration::from_millis(1_000), || async { status(ops("/readyz")).await == 503 })

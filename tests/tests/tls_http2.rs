@@ -477,16 +477,12 @@ async fn on_sigterm_an_http2_connection_finishes_its_request_then_closes() {
         .unwrap_or_else(|e| panic!("{e}"));
     stream.send_data(Bytes::from(conversion("lead").to_string()), true).unwrap_or_else(|e| panic!("{e}"));
     let in_flight = tokio::spawn(read_response(response));
-    let waiting = || async { stack.metrics().await.value("intake_gateway_writes_in_flight") == 1.0 };
-    wait_until("the write in flight", Duration::from_secs(5), waiting).await;
+    stack.wait_writes_in_flight(1.0).await;
 
     // No writer yet: the write waits. SIGTERM, then a writer: the write is answered on the
     // connection, which then closes (GOAWAY) and the gateway exits.
     let exited = stack.terminate_gateway();
-    let readyz = format!("{}/readyz", stack.ops_url);
-    let shutting_down =
-        || async { stack.http.get(&readyz).send().await.is_ok_and(|response| response.status().as_u16() == 503) };
-    wait_until("the gateway shutting down", Duration::from_secs(5), shutting_down).await;
+    stack.wait_not_ready().await;
     stack.start_writer();
     let reply = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(reply.map(|r| r.0).ok(), Some(201), "the request in flight was answered");
