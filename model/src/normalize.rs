@@ -43,10 +43,12 @@ pub fn normalized_email(raw: &str) -> Option<String> {
     plausible.then_some(email)
 }
 
-/// E.164, parsed with `country` (ISO alpha-2) as the default region, else from a leading `+`.
-/// A `country` that libphonenumber does not know as a region (`UK`, `ZZ`) is no default region:
-/// a number with a leading `+` still parses. `None` when it cannot be parsed, is not a possible
-/// number for its region, or has a control character. One parse per call.
+/// E.164. A number written with its calling code (a leading `+`) is parsed without a default
+/// region, so `country` never changes it; any other number is parsed with `country` (ISO
+/// alpha-2) as the default region, whose international prefix (`00`, `011`) it may start with.
+/// A `country` that libphonenumber does not know as a region (`UK`, `ZZ`) is no default region.
+/// `None` when it cannot be parsed, is not a possible number for its region, or has a control
+/// character.
 pub fn phone_hash(raw: &str, country: Option<&str>) -> Option<Sha256Hex> {
     normalized_phone(raw, country).map(|e164| sha256_hex(&e164))
 }
@@ -57,7 +59,7 @@ pub fn normalized_phone(raw: &str, country: Option<&str>) -> Option<String> {
         return None;
     }
     let region = country.and_then(|code| code.parse::<phonenumber::country::Id>().ok());
-    let number = phonenumber::parse(region, raw).ok()?;
+    let number = parse_phone(raw, region)?;
     let national = number.national().to_string();
     if !is_possible(&number, national.len()) {
         return None;
@@ -66,6 +68,60 @@ pub fn normalized_phone(raw: &str, country: Option<&str>) -> Option<String> {
     // national format that E.164 does not use (a quarter of a phone's cost).
     Some(format!("+{}{national}", number.country().code()))
 }
+
+/// libphonenumber's rule: the default region serves a number written without its calling code
+/// only. The crate applies the region's national (trunk) prefix also to the digits after a `+`
+/// or after the region's international prefix (`+49 170…` with `US` lost the `1` of `170`), so
+/// those numbers are parsed as `+` and the calling code, with no region. One parse for a
+/// national number and for one that starts with `+`.
+fn parse_phone(raw: &str, region: Option<phonenumber::country::Id>) -> Option<phonenumber::PhoneNumber> {
+    use phonenumber::country::Source;
+    if region.is_none() || starts_with_plus(raw) {
+        return phonenumber::parse(None, raw).ok();
+    }
+    match phonenumber::parse(region, raw) {
+        Ok(number) if matches!(number.code().source(), Source::Default | Source::Number) => Some(number),
+        // An international prefix, a `tel:` URI's `phone-context=+`, or an error that the
+        // region's trunk prefix may have caused.
+        _ => {
+            let international = phonenumber::parse_with(&CALLING_CODES, region, raw).ok()?;
+            match international.code().source() {
+                Source::Plus => phonenumber::parse(None, raw).ok(),
+                Source::Idd => {
+                    let e164 = format!("+{}{}", international.code().value(), international.national());
+                    phonenumber::parse(None, e164).ok()
+                }
+                Source::Default | Source::Number => None,
+            }
+        }
+    }
+}
+
+/// Whether the first character that can start a number (the crate's `[+＋\p{Nd}]`) is a plus.
+fn starts_with_plus(raw: &str) -> bool {
+    let is_plus = |c: char| c == '+' || c == '\u{ff0b}';
+    raw.chars().find(|&c| is_plus(c) || c.is_numeric()).is_some_and(is_plus)
+}
+
+/// The crate's regions with their calling codes and international prefixes and nothing else:
+/// parsed with it, a number's digits after the international prefix and the calling code are
+/// kept as written, with no region's trunk prefix taken off.
+static CALLING_CODES: LazyLock<phonenumber::metadata::Database> = LazyLock::new(|| {
+    use phonenumber::metadata::{loader, DATABASE};
+    let regions = (1..=999u16)
+        .filter_map(|code| DATABASE.by_code(&code))
+        .flatten()
+        .map(|region| loader::Metadata {
+            id: Some(region.id().to_owned()),
+            country_code: Some(region.country_code()),
+            international_prefix: region.international_prefix().map(|idd| idd.as_str().to_owned()),
+            general: Some(loader::Descriptor { national_number: Some(r"\d+".to_owned()), ..Default::default() }),
+            ..Default::default()
+        })
+        .collect();
+    #[allow(clippy::expect_used)]
+    phonenumber::metadata::Database::from(regions).expect("the crate's own prefixes compile")
+});
 
 /// libphonenumber's "possible number" (docs/api.md, "Identifiers that cannot be used"): the
 /// national number has a length that numbers of its calling code have. Written here because the
@@ -234,6 +290,85 @@ mod tests {
         assert_eq!(phone_hash("020 7946 0958", Some("GB")), expected);
         assert_eq!(phone_hash("020 7946 0958", Some("UK")), None, "no + and no region");
     }
+
+    #[test]
+    fn a_plus_number_does_not_depend_on_country() {
+        for (raw, country) in
+            [("+491701234567", "US"), ("+8613812345678", "US"), ("+33142345678", "US"), ("+18015550123", "RU")]
+        {
+            assert_eq!(normalized_phone(raw, Some(country)).as_deref(), Some(raw), "{raw} with {country}");
+        }
+        assert_eq!(normalized_phone("+44 (0)20 7946 0958", Some("US")).as_deref(), Some("+442079460958"));
+        // The region's international prefix is not looked for after a `+`.
+        assert_eq!(normalized_phone("+011 49 170 1234567", Some("US")), None);
+        assert_eq!(normalized_phone("tel:+49-170-1234567", Some("US")).as_deref(), Some("+491701234567"));
+    }
+
+    #[test]
+    fn after_an_international_prefix_the_number_is_read_as_after_a_plus() {
+        for (raw, country, e164) in [
+            ("011 49 170 1234567", "US", "+491701234567"),
+            ("011 86 138 1234 5678", "US", "+8613812345678"),
+            ("011 33 1 42 34 56 78", "US", "+33142345678"),
+            ("8 10 1 801 555 0123", "RU", "+18015550123"),
+            ("011 44 020 7946 0958", "US", "+442079460958"),
+            ("00 44 020 7946 0958", "DE", "+442079460958"),
+            ("00 49 170 1234567", "FR", "+491701234567"),
+        ] {
+            assert_eq!(normalized_phone(raw, Some(country)).as_deref(), Some(e164), "{raw} with {country}");
+        }
+        assert_eq!(normalized_phone("00 49 170 1234567", None), None, "an international prefix needs a region");
+        assert_eq!(normalized_phone("00 49 170 1234567", Some("US")), None, "00 is not the US prefix");
+    }
+
+    /// Every region the crate knows, and two codes that are no region.
+    fn every_country() -> Vec<String> {
+        let mut countries: Vec<String> = phonenumber::metadata::DATABASE
+            .iter()
+            .map(|region| region.id().to_owned())
+            .filter(|id| id.parse::<phonenumber::country::Id>().is_ok())
+            .collect();
+        countries.extend(["UK".to_owned(), "ZZ".to_owned()]);
+        countries
+    }
+
+    fn calling_codes() -> Vec<u16> {
+        (1..=999u16).filter(|code| phonenumber::metadata::DATABASE.by_code(code).is_some()).collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// With every country, a `+` number is what it is with none; and with every region whose
+        /// international prefix is a fixed digit string, that prefix in place of the `+` too.
+        #[test]
+        fn a_plus_numbers_e164_never_depends_on_country(
+            code in proptest::sample::select(calling_codes()),
+            digits in "[0-9]{2,14}",
+            separator in proptest::sample::select(vec!["", " ", "-", " ("]),
+        ) {
+            let raw = format!("+{code}{separator}{digits}");
+            let expected = normalized_phone(&raw, None);
+            for country in every_country() {
+                proptest::prop_assert_eq!(&normalized_phone(&raw, Some(&country)), &expected, "{} with {}", raw, country);
+                let idd = DATABASE_IDD.iter().find(|(region, _)| *region == country).map(|(_, idd)| idd.clone());
+                if let Some(idd) = idd {
+                    let dialled = format!("{idd} {code}{separator}{digits}");
+                    proptest::prop_assert_eq!(&normalized_phone(&dialled, Some(&country)), &expected, "{} with {}", dialled, country);
+                }
+            }
+        }
+    }
+
+    /// Each region's international prefix where it is one fixed digit string.
+    static DATABASE_IDD: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
+        phonenumber::metadata::DATABASE
+            .iter()
+            .filter_map(|region| {
+                let idd = region.international_prefix()?.as_str().to_owned();
+                idd.bytes().all(|b| b.is_ascii_digit()).then(|| (region.id().to_owned(), idd))
+            })
+            .collect()
+    });
 
     #[test]
     fn an_email_with_control_characters_is_unusable() {

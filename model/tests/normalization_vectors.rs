@@ -122,9 +122,9 @@ fn answer(kind: Kind, input: &Input, country: Option<&str>) -> Answer {
 }
 
 /// Whether a client hashes the case itself: every email and address, and no phone. A phone's
-/// E.164 text is the phone-number crate's parse with the conversion's country as its region,
-/// and a `+digits` phone is not always kept as sent (the `*_not_client` cases): no client
-/// reproduces that, so clients send phones raw.
+/// E.164 text is the phone-number crate's parse (with the conversion's country as its region
+/// when it has no `+`), and a `+digits` phone is not always kept as sent (the `*_not_client`
+/// cases): no client reproduces that, so clients send phones raw.
 fn client_side(kind: Kind) -> bool {
     kind != Kind::Phone
 }
@@ -301,8 +301,8 @@ fn inputs() -> Vec<Input4> {
             "\u{645}\u{633}\u{62a}\u{62e}\u{62f}\u{645}@\u{645}\u{62b}\u{627}\u{644}.\u{645}\u{635}\u{631}",
         ),
         email("email_emoji_beyond_bmp", "\u{1f600}@example.com"),
-        // Phone: E.164 with its leading `+`, from the conversion's country as the default region
-        // even when the phone starts with `+`. Clients send every phone raw.
+        // Phone: E.164 with its leading `+`. The conversion's country is the default region of a
+        // phone without `+` only. Clients send every phone raw.
         phone("phone_e164_us", "+14155552671", None),
         phone("phone_e164_gb", "+442079460958", None),
         phone("phone_e164_gb_mobile", "+447911123456", None),
@@ -327,9 +327,12 @@ fn inputs() -> Vec<Input4> {
         phone("phone_plus_too_long_not_client", "+141555526711", None),
         phone("phone_plus_zero_country_code", "+0123456789", None),
         phone("phone_plus_trunk_zero_with_country_gb_not_client", "+4402079460958", Some("GB")),
-        phone("phone_plus_de_mobile_with_country_us_not_client", "+491701234567", Some("US")),
+        phone("phone_plus_de_mobile_with_country_us", "+491701234567", Some("US")),
         phone("phone_plus_de_mobile_with_country_de", "+491701234567", Some("DE")),
-        phone("phone_plus_us_with_country_ru_not_client", "+18015550123", Some("RU")),
+        phone("phone_plus_us_with_country_ru", "+18015550123", Some("RU")),
+        phone("phone_plus_cn_mobile_with_country_us", "+8613812345678", Some("US")),
+        phone("phone_plus_fr_with_country_us", "+33142345678", Some("US")),
+        phone("phone_plus_then_international_prefix", "+011 49 170 1234567", Some("US")),
         phone("phone_us_national_format", "(415) 555-2671", Some("US")),
         phone("phone_us_lower_case_country", "(415) 555-2671", Some("us")),
         phone("phone_us_dashes", "415-555-2671", Some("US")),
@@ -342,6 +345,10 @@ fn inputs() -> Vec<Input4> {
         phone("phone_plus_with_other_country", "+1 415 555 2671", Some("DE")),
         phone("phone_international_prefix_00_from_de", "00 1 415 555 2671", Some("DE")),
         phone("phone_international_prefix_011_from_us", "011 44 20 7946 0958", Some("US")),
+        phone("phone_international_prefix_011_de_mobile_from_us", "011 49 170 1234567", Some("US")),
+        phone("phone_international_prefix_011_trunk_zero_from_us", "011 44 020 7946 0958", Some("US")),
+        phone("phone_international_prefix_810_from_ru", "8 10 1 801 555 0123", Some("RU")),
+        phone("phone_international_prefix_00_without_country", "00 49 170 1234567", None),
         phone("phone_gb_national", "020 7946 0958", Some("GB")),
         phone("phone_gb_national_with_unknown_region_uk", "020 7946 0958", Some("UK")),
         phone("phone_gb_plus_with_unknown_region_uk", "+44 20 7946 0958", Some("UK")),
