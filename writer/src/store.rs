@@ -439,7 +439,7 @@ async fn upsert_conversions(
     let tags: Vec<Option<String>> = column(rows, |r| {
         r.fields.tags.as_ref().map(|tags| serde_json::to_string(tags).unwrap_or_else(|_| "{}".to_owned()))
     });
-    sqlx::query(
+    sqlx::query(concat!(
         "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
                                   visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
                                   country, value, currency, hdyhau, tags)
@@ -452,14 +452,9 @@ async fn upsert_conversions(
                        $17::text[], $18::text[])
              AS u(id, event, external_id, chain_id, parent_external_id, occurred_at_ms, visitor_id, click_id,
                   contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
-         ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
-                chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
-                occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
-                contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
-                phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
-                country = excluded.country, value = excluded.value, currency = excluded.currency,
-                hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now()",
-    )
+         ",
+        intake_common::conversions_on_conflict!()
+    ))
     .bind(workspace_id)
     .bind(column(rows, |r| r.id.as_str()))
     .bind(column(rows, |r| r.event.as_str()))

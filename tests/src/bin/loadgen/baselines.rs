@@ -105,8 +105,10 @@ pub async fn direct_apply(
 const PG_UPSERT_TABLE: &str = "bench_pg_upsert";
 
 /// 100 rows per transaction, each row as wide as a conversion with every identifier, one in
-/// three linked to the row before; always new rows (the insert path, as in batch_ingest).
-const PG_UPSERT_SCRIPT: &str = r#"\set w random(0, 49)
+/// three linked to the row before; always new rows (the insert path, as in batch_ingest). It ends
+/// as the writer's insert does.
+const PG_UPSERT_SCRIPT: &str = concat!(
+    r#"\set w random(0, 49)
 INSERT INTO bench_pg_upsert (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
                              visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
                              country, value, currency, tags)
@@ -116,14 +118,10 @@ SELECT 'cnv_' || u, 'ws_bench_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 
        md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
        'US', 129.90, 'USD', '{"plan": "pro"}'
   FROM (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g) AS generated
-ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
-       chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
-       occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
-       contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
-       phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
-       country = excluded.country, value = excluded.value, currency = excluded.currency,
-       hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now();
-"#;
+"#,
+    intake_common::conversions_on_conflict!(),
+    ";\n"
+);
 
 pub const PG_UPSERT_ROWS: u64 = 100;
 
@@ -147,7 +145,8 @@ pub async fn pg_upsert(
 /// The same upsert at size: into the preloaded `conversions` itself (its indexes as deep as the
 /// data), on workspaces of its own (`ws_pgu_*`, see sized.rs), with the chain rows the foreign
 /// key needs, as the writer inserts them.
-const PG_UPSERT_PRELOADED_SCRIPT: &str = r#"\set w random(0, 49)
+const PG_UPSERT_PRELOADED_SCRIPT: &str = concat!(
+    r#"\set w random(0, 49)
 WITH generated AS (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g),
      chains AS (INSERT INTO chains (id, workspace_id) SELECT 'chn_' || u, 'ws_pgu_' || :w FROM generated)
 INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
@@ -159,14 +158,10 @@ SELECT 'cnv_' || u, 'ws_pgu_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'l
        md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
        'US', 129.90, 'USD', '{"plan": "pro"}'
   FROM generated
-ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
-       chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
-       occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
-       contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
-       phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
-       country = excluded.country, value = excluded.value, currency = excluded.currency,
-       hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now();
-"#;
+"#,
+    intake_common::conversions_on_conflict!(),
+    ";\n"
+);
 
 pub async fn pg_upsert_into_preloaded(
     database_url: &str,
