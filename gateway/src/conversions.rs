@@ -5,7 +5,7 @@ use crate::api_error::{ApiError, ErrorBody};
 use crate::auth::Principal;
 use crate::body::{self, BATCH_LIMIT, SINGLE_LIMIT};
 use crate::context::{self, RequestContext};
-use crate::overload::WorkspaceTicket;
+use crate::overload::{AdmittedWrite, WorkspaceTicket, WritePermit};
 use crate::ratelimit::Counter;
 use crate::request_body::RequestBody;
 use crate::response::{json, Response};
@@ -20,8 +20,10 @@ use serde::Serialize;
 
 pub async fn single(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let (context, principal, ticket) = from_layers(&request)?;
+    let (context, principal, admitted) = from_layers(&request)?;
     let body = read_body(state, request, SINGLE_LIMIT).await?;
+    let permit = write_permit(state, admitted.as_ref())?;
+    let ticket = permit.as_ref().map(|permit| permit.ticket.clone());
     let input = parse(&body)?;
     context.items(1);
     let valid = validate_conversion(&input, received_at_ms)?;
@@ -39,8 +41,10 @@ pub async fn single(state: &AppState, request: http::Request<RequestBody>) -> Re
 
 pub async fn batch(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {
     let received_at_ms = now_ms();
-    let (context, principal, ticket) = from_layers(&request)?;
+    let (context, principal, admitted) = from_layers(&request)?;
     let body = read_body(state, request, BATCH_LIMIT).await?;
+    let permit = write_permit(state, admitted.as_ref())?;
+    let ticket = permit.as_ref().map(|permit| permit.ticket.clone());
     let validated = validate_batch(&parse(&body)?, received_at_ms).map_err(ApiError::Validation)?;
     drop(body);
     context.items(validated.len());
@@ -93,12 +97,18 @@ pub async fn batch(state: &AppState, request: http::Request<RequestBody>) -> Res
     Ok(json(200, &Batch { results, summary }))
 }
 
-/// What the layers found out about a write: its context, its principal, its admission ticket.
+/// What the layers found out about a write: its context, its principal, its admission.
 fn from_layers(
     request: &http::Request<RequestBody>,
-) -> Result<(RequestContext, Principal, Option<WorkspaceTicket>), ApiError> {
-    let ticket = request.extensions().get::<WorkspaceTicket>().cloned();
-    Ok((RequestContext::of(request), context::required::<Principal, _>(request)?, ticket))
+) -> Result<(RequestContext, Principal, Option<AdmittedWrite>), ApiError> {
+    let admitted = request.extensions().get::<AdmittedWrite>().cloned();
+    Ok((RequestContext::of(request), context::required::<Principal, _>(request)?, admitted))
+}
+
+/// The write's place among the writes in flight, taken once its body is in (overload.rs) and
+/// held until its response is made.
+fn write_permit(state: &AppState, admitted: Option<&AdmittedWrite>) -> Result<Option<WritePermit>, ApiError> {
+    admitted.map(|admitted| state.admission.write_permit(admitted)).transpose()
 }
 
 pub(crate) async fn read_body(

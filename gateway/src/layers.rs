@@ -7,8 +7,9 @@
 //! 3. [`QueryString`]: 400 query_not_allowed on the routes that take every field in their body.
 //! 4. [`RequestRateLimit`]: 429 rate_limited; the RateLimit-* headers on every response past it.
 //! 5. [`WriteAdmission`]: 503 service_unavailable on writes, before their body is read; the
-//!    [`WorkspaceTicket`](crate::overload::WorkspaceTicket) into the extensions, the place
-//!    among the writes in flight held until the response is made.
+//!    [`AdmittedWrite`](crate::overload::AdmittedWrite) into the extensions: a place in the
+//!    workspace's share, which the endpoint turns into a place among the writes in flight once
+//!    the body is in.
 //!
 //! What needs the body (its size, read deadline, JSON, fields, the conversion limit) is the
 //! endpoint's. A refusal is answered by the layer that refuses, with the request's id, so that
@@ -17,7 +18,6 @@
 use crate::api_error::ApiError;
 use crate::auth::Principal;
 use crate::context::RequestContext;
-use crate::overload::WritePermit;
 use crate::ratelimit::{Counter, Quota};
 use crate::response::{Response, RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET};
 use crate::routes::Route;
@@ -201,17 +201,17 @@ impl Check for RequestRateLimit {
 pub struct WriteAdmission(pub Arc<AppState>);
 
 impl Check for WriteAdmission {
-    type Passed = Option<WritePermit>;
+    type Passed = ();
 
-    async fn check(&self, request: &mut http::request::Parts) -> Result<Option<WritePermit>, ApiError> {
+    async fn check(&self, request: &mut http::request::Parts) -> Result<(), ApiError> {
         if !request.extensions.get::<Route>().is_some_and(|route| route.is_write()) {
-            return Ok(None);
+            return Ok(());
         }
         let Some(principal) = request.extensions.get::<Principal>() else {
             return Err(ApiError::Internal("a write without a principal".into()));
         };
-        let permit = self.0.admission.admit_write(&principal.workspace_id)?;
-        request.extensions.insert(permit.ticket.clone());
-        Ok(Some(permit))
+        let admitted = self.0.admission.admit_write(&principal.workspace_id)?;
+        request.extensions.insert(admitted);
+        Ok(())
     }
 }

@@ -77,6 +77,7 @@ pub struct Metrics {
     /// Produce to reply of one chunk.
     pub kafka_roundtrip: Histogram,
     pub writes_in_flight: Gauge,
+    pub writes_reading: Gauge,
     pub load_shed: Family<ShedLabels, Counter>,
     pub ratelimit_refused: Family<LimitLabels, Counter>,
     pub redis_fail_open: Counter,
@@ -94,6 +95,7 @@ impl Metrics {
             latency: Family::new_with_constructor(seconds),
             kafka_roundtrip: seconds(),
             writes_in_flight: Gauge::default(),
+            writes_reading: Gauge::default(),
             load_shed: Family::default(),
             ratelimit_refused: Family::default(),
             redis_fail_open: Counter::default(),
@@ -109,8 +111,13 @@ impl Metrics {
         );
         registry.register(
             "writes_in_flight",
-            "Write requests admitted and not yet answered",
+            "Write requests with their body in and not yet answered",
             metrics.writes_in_flight.clone(),
+        );
+        registry.register(
+            "writes_reading",
+            "Write requests admitted whose body is being read (held against their workspace's share only)",
+            metrics.writes_reading.clone(),
         );
         registry.register(
             "load_shed",

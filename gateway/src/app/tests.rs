@@ -8,7 +8,7 @@ use super::api_service;
 use crate::auth::{MemoryKeys, Principal};
 use crate::limits::MemoryLimits;
 use crate::metrics::Metrics;
-use crate::overload::{Admission, WritePermit};
+use crate::overload::{Admission, AdmittedWrite};
 use crate::ratelimit::Counter;
 use crate::request_body::RequestBody;
 use crate::sink::{MemorySink, Outcome, WriteError};
@@ -158,8 +158,8 @@ impl Api {
         self.send(request("GET", path, key, Full::default().boxed())).await
     }
 
-    /// Takes the workspace's whole share of the writes in flight until the permit is dropped.
-    fn fill_admission(&self, workspace_id: &str) -> WritePermit {
+    /// Takes the workspace's whole share of the writes in flight until it is dropped.
+    fn fill_admission(&self, workspace_id: &str) -> AdmittedWrite {
         self.state.admission.admit_write(workspace_id).unwrap_or_else(|_| panic!("admitted"))
     }
 
