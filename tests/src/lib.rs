@@ -838,6 +838,98 @@ pub async fn raw_http(base_url: &str, request: &[u8]) -> (u16, String) {
     (status, body)
 }
 
+/// A PostgreSQL server of the test's own, so that stopping it disturbs no other test. Stopped
+/// (immediate mode, as a crash) and removed on drop.
+pub struct PrivatePostgres {
+    data: std::path::PathBuf,
+    port: u16,
+}
+
+impl PrivatePostgres {
+    /// The project's schema, by the operator command.
+    pub fn migrate(&self) {
+        let migrate = Command::new(std::path::PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
+            .arg("migrate")
+            .env("DATABASE_URL", self.url())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    }
+
+    fn bin(name: &str) -> std::path::PathBuf {
+        let mut versions: Vec<_> =
+            std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
+        versions.sort();
+        versions.pop().unwrap_or_default().join("bin").join(name)
+    }
+
+    /// Runs a PostgreSQL tool as the postgres user when we are root (PostgreSQL refuses root).
+    fn run(args: &[&str]) -> bool {
+        let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+        let mut command = if is_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]);
+            c
+        } else {
+            Command::new(args[0])
+        };
+        let args = if is_root { args } else { &args[1..] };
+        command
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    pub fn start_new() -> Self {
+        let port = free_port();
+        let data = std::env::temp_dir().join(format!("intake-pg-{}", ulid::Ulid::new()));
+        std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
+        let _ = Command::new("chown").args(["postgres:postgres", &data.display().to_string()]).status();
+        let initdb = Self::bin("initdb");
+        assert!(
+            Self::run(&[
+                &initdb.display().to_string(),
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "postgres",
+                "--auth=trust"
+            ]),
+            "initdb"
+        );
+        let server = Self { data, port };
+        server.start();
+        server
+    }
+
+    pub fn start(&self) {
+        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k /tmp -c fsync=off", self.port);
+        let pg_ctl = Self::bin("pg_ctl").display().to_string();
+        assert!(
+            Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-w", "-o", &options, "start"]),
+            "pg_ctl start"
+        );
+    }
+
+    pub fn stop(&self) {
+        let pg_ctl = Self::bin("pg_ctl").display().to_string();
+        Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-m", "immediate", "stop"]);
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
 /// Three Apache Kafka nodes (KRaft, broker and controller in each) of a test's own on loopback,
 /// started by `deploy/lib.sh`'s `start_kafka_cluster`; killed and removed on drop.
 pub struct KafkaCluster {
@@ -1125,6 +1217,11 @@ impl LedgerCheck {
 /// sent after it; waits up to `patience` for writes still in flight (a write answered 500 is
 /// applied later) and returns what is still off then.
 pub async fn check_ledger(keys: &[TestKey], sent: &[Sent], patience: Duration) -> LedgerCheck {
+    check_ledger_in(&database().await, keys, sent, patience).await
+}
+
+/// [`check_ledger`] against the database `db` (a [`PrivatePostgres`]'s).
+pub async fn check_ledger_in(db: &sqlx::PgPool, keys: &[TestKey], sent: &[Sent], patience: Duration) -> LedgerCheck {
     /// Every value sent for a pair, in order, and the index of the last acknowledged.
     type Sends<'a> = (Vec<&'a str>, Option<usize>);
     let mut ledger: std::collections::BTreeMap<(usize, &str), Sends> = Default::default();
@@ -1139,12 +1236,11 @@ pub async fn check_ledger(keys: &[TestKey], sent: &[Sent], patience: Duration) -
             }
         }
     }
-    let db = database().await;
     let deadline = Instant::now() + patience;
     loop {
         let mut stored = Vec::new();
         for key in keys {
-            stored.push(stored_values(&db, &key.workspace_id).await);
+            stored.push(stored_values(db, &key.workspace_id).await);
         }
         let mut check = LedgerCheck::default();
         for ((workspace, id), (values, last)) in &ledger {

@@ -2,11 +2,10 @@
 
 use intake_tests::serde_json::json;
 use intake_tests::{
-    check_ledger, conversion, database, purchase, stored_count, stored_values, wait_until, FaultReport, Stack,
-    StackOptions, Traffic,
+    check_ledger, conversion, database, purchase, stored_count, stored_values, wait_until, FaultReport,
+    PrivatePostgres, Stack, StackOptions, Traffic,
 };
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn no_reply_stall() -> Vec<String> {
@@ -88,97 +87,6 @@ async fn a_gateway_stopped_with_sigterm_answers_what_is_in_flight() {
 async fn assert_answered_from_last_known_keys(stack: &Stack) {
     let stale = stack.metrics().await.value(r#"intake_gateway_key_cache_total{result="stale"}"#);
     assert!(stale >= 1.0, "the gateway answered from the last known key while the database did not");
-}
-
-/// A PostgreSQL server of the test's own, so that stopping it disturbs no other test.
-struct PrivatePostgres {
-    data: std::path::PathBuf,
-    port: u16,
-}
-
-impl PrivatePostgres {
-    /// The project's schema, by the operator command.
-    fn migrate(&self) {
-        let migrate = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
-            .arg("migrate")
-            .env("DATABASE_URL", self.url())
-            .output()
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
-    }
-
-    fn bin(name: &str) -> std::path::PathBuf {
-        let mut versions: Vec<_> =
-            std::fs::read_dir("/usr/lib/postgresql").into_iter().flatten().flatten().map(|e| e.path()).collect();
-        versions.sort();
-        versions.pop().unwrap_or_default().join("bin").join(name)
-    }
-
-    /// Runs a PostgreSQL tool as the postgres user when we are root (PostgreSQL refuses root).
-    fn run(args: &[&str]) -> bool {
-        let is_root = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
-        let mut command = if is_root {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]);
-            c
-        } else {
-            Command::new(args[0])
-        };
-        let args = if is_root { args } else { &args[1..] };
-        command
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    fn start_new() -> Self {
-        let port = intake_tests::free_port();
-        let data = std::env::temp_dir().join(format!("intake-pg-{}", ulid::Ulid::new()));
-        std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("{e}"));
-        let _ = Command::new("chown").args(["postgres:postgres", &data.display().to_string()]).status();
-        let initdb = Self::bin("initdb");
-        assert!(
-            Self::run(&[
-                &initdb.display().to_string(),
-                "-D",
-                &data.display().to_string(),
-                "-U",
-                "postgres",
-                "--auth=trust"
-            ]),
-            "initdb"
-        );
-        let server = Self { data, port };
-        server.start();
-        server
-    }
-
-    fn start(&self) {
-        let options = format!("-c listen_addresses=127.0.0.1 -p {} -k /tmp -c fsync=off", self.port);
-        let pg_ctl = Self::bin("pg_ctl").display().to_string();
-        assert!(
-            Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-w", "-o", &options, "start"]),
-            "pg_ctl start"
-        );
-    }
-
-    fn stop(&self) {
-        let pg_ctl = Self::bin("pg_ctl").display().to_string();
-        Self::run(&[&pg_ctl, "-D", &self.data.display().to_string(), "-m", "immediate", "stop"]);
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for PrivatePostgres {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
 }
 
 #[tokio::test]

@@ -1,0 +1,287 @@
+//! The writer within its limits (docs/architecture.md, "Memory", "Isolation in the writer"): a
+//! database outage longer than the consumer's poll interval costs the writer no more than its
+//! read budget and keeps it in its group; incremental rebalancing is refused; a worker that dies
+//! is restarted; a workspace held elsewhere for too long makes the writer unready.
+
+use intake_common::message::{WriteRequest, WriteRequestV1};
+use intake_tests::serde_json::{json, Value};
+use intake_tests::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BUDGET_MIB: f64 = 4.0;
+
+/// The resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<f64>().ok());
+    kib.unwrap_or_else(|| panic!("no VmRSS for {pid}")) / 1024.0
+}
+
+/// `--kafka-option` flags: the environment's INTAKE_KAFKA_OPTIONS (which the flags replace), then
+/// `extra`.
+fn kafka_options(extra: &[&str]) -> Vec<String> {
+    let inherited = std::env::var("INTAKE_KAFKA_OPTIONS").unwrap_or_default();
+    let options = inherited.split(',').map(str::trim).filter(|o| !o.is_empty()).chain(extra.iter().copied());
+    options.flat_map(|option| ["--kafka-option".to_owned(), option.to_owned()]).collect()
+}
+
+/// A large valid conversion: about 700 bytes of text.
+fn large_item(external_id: &str) -> Value {
+    let text = |c: char, n: usize| std::iter::repeat_n(c, n).collect::<String>();
+    let tags: serde_json::Map<String, Value> = ["alpha", "beta", "gamma", "delta", "epsilon"]
+        .iter()
+        .map(|key| ((*key).to_owned(), json!(text('t', 64))))
+        .collect();
+    json!({
+        "event": "lead", "external_id": external_id, "occurred_at": now_ms() - 1000,
+        "hdyhau": text('h', 200), "tags": tags,
+    })
+}
+
+/// Produces `messages` request messages of 100 large items each straight into `topic`, spread
+/// over `workspaces`, as gateways would have before the writer could apply them; returns the
+/// items per workspace.
+async fn produce_backlog(topic: &str, workspaces: &[TestKey], messages: usize) -> Vec<usize> {
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .set("linger.ms", "5")
+        .create()
+        .unwrap_or_else(|e| panic!("producer: {e}"));
+    let mut items = vec![0; workspaces.len()];
+    let mut deliveries = Vec::new();
+    for n in 0..messages {
+        let workspace = n % workspaces.len();
+        let conversions = (0..100)
+            .map(|i| {
+                let input = large_item(&format!("backlog-{n}-{i}"));
+                intake_common::validate::validate_conversion(&(&input).into(), now_ms())
+                    .unwrap_or_else(|e| panic!("invalid backlog item: {e:?}"))
+                    .conversion
+            })
+            .collect::<Vec<_>>();
+        items[workspace] += conversions.len();
+        let request = WriteRequest::V1(WriteRequestV1 {
+            correlation_id: format!("backlog-{}", ulid::Ulid::new()),
+            reply_partition: 0,
+            deadline_ms: now_ms() + 600_000,
+            received_at_ms: now_ms(),
+            workspace_id: workspaces[workspace].workspace_id.clone(),
+            items: conversions,
+            request: None,
+        });
+        let payload = serde_json::to_vec(&request).unwrap_or_default();
+        let record =
+            rdkafka::producer::FutureRecord::to(topic).key(&workspaces[workspace].workspace_id).payload(&payload);
+        deliveries.push(producer.send_result(record).unwrap_or_else(|(e, _)| panic!("produce: {e}")));
+    }
+    for delivery in deliveries {
+        assert!(matches!(delivery.await, Ok(Ok(_))), "a backlog message was not delivered");
+    }
+    items
+}
+
+#[tokio::test]
+async fn a_database_outage_past_the_poll_interval_keeps_the_writer_in_its_group_and_within_its_budget() {
+    let postgres = PrivatePostgres::start_new();
+    postgres.migrate();
+    let mut writer_args = vec!["--read-budget-mib".to_owned(), BUDGET_MIB.to_string()];
+    // A writer that stops polling is out of its group after 10 s: the outage lasts longer. A
+    // smaller prefetch than the default, so that the margin on the RSS can be small.
+    writer_args.extend(kafka_options(&[
+        "max.poll.interval.ms=10000",
+        "queued.max.messages.kbytes=2048",
+        "fetch.max.bytes=1048576",
+    ]));
+    let options =
+        StackOptions { database_url: Some(postgres.url()), write_timeout_ms: 2_000, writer_args, ..Default::default() };
+    let stack = Stack::start_with(options).await;
+    let keys: Vec<TestKey> = (0..6).map(|_| stack.workspace()).collect();
+    let backlog_keys: Vec<TestKey> = (0..3).map(|_| stack.workspace()).collect();
+    let traffic = Traffic::start(stack.client(), &keys);
+    wait_until("traffic acknowledged", Duration::from_secs(20), || async { traffic.acknowledged() >= 30 }).await;
+    let writer = stack.pids().1[0];
+    let idle = rss_mib(writer);
+
+    postgres.stop();
+    let outage = Instant::now();
+    // 400 messages of 100 items, about 12 times the budget once parsed: a writer that held them
+    // all would grow by some 48 MiB.
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let backlog = produce_backlog(&topic, &backlog_keys, 400).await;
+    let (mut peak, mut held_max, mut paused_max) = (idle, 0.0_f64, 0.0_f64);
+    while outage.elapsed() < Duration::from_secs(16) {
+        peak = peak.max(rss_mib(writer));
+        let metrics = stack.writer_metrics(0).await;
+        held_max = held_max.max(metrics.value("intake_writer_backlog_bytes"));
+        paused_max = paused_max.max(metrics.value("intake_writer_paused_partitions"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    postgres.start();
+    let back = Instant::now();
+    traffic.wait_recovered(back, Duration::from_secs(40)).await;
+    let sent = traffic.stop().await;
+    let report = FaultReport::of(&sent, keys.len(), back);
+    let db = sqlx::PgPool::connect(&postgres.url()).await.unwrap_or_else(|e| panic!("{e}"));
+    let ledger = check_ledger_in(&db, &keys, &sent, Duration::from_secs(30)).await;
+    let drained = || async {
+        let mut all = true;
+        for (key, items) in backlog_keys.iter().zip(&backlog) {
+            all &= stored_count(&db, &key.workspace_id).await == i64::try_from(*items).unwrap_or(-1);
+        }
+        all
+    };
+    wait_until("the backlog kept in Kafka applied", Duration::from_secs(60), drained).await;
+    let drained_after = back.elapsed();
+    let logs = stack.logs();
+    let budget = BUDGET_MIB * 1_048_576.0;
+    eprintln!(
+        "writer RSS idle {idle:.1} MiB, peak {peak:.1} MiB; held at most {:.2} MiB of a {BUDGET_MIB} MiB budget; \
+         {paused_max} partitions paused at most; every workspace wrote again {:?} after the database's return; \
+         the backlog was applied {drained_after:?} after it; {report:?}",
+        held_max / 1_048_576.0,
+        report.recovered_after,
+    );
+    assert!(paused_max >= 1.0, "the budget paused reading");
+    // The budget is crossed by the message that reaches it, at most (one of 100 large items).
+    assert!(held_max <= budget + 256.0 * 1024.0, "held {held_max} bytes");
+    assert!(peak <= idle + BUDGET_MIB + 24.0, "RSS {idle:.1} MiB idle, {peak:.1} MiB at its peak");
+    assert_eq!(logs.matches("partitions assigned").count(), 1, "assigned once, at the start");
+    assert!(!logs.contains("partitions revoked"), "the writer stayed in its group through the outage");
+    assert!(report.recovered_after.is_some_and(|after| after < Duration::from_secs(40)), "{report:?}");
+    assert!(report.unexpected.is_empty(), "{report:?}");
+    assert!(ledger.is_clean(), "{ledger:?}");
+}
+
+/// Runs `intake-writer run` with one more Kafka option and returns its exit status and stderr,
+/// or panics if it is still running after 20 s.
+fn run_writer_with(option: &str) -> (Option<i32>, String) {
+    let log = std::env::temp_dir().join(format!("intake-writer-refusal-{}.log", ulid::Ulid::new()));
+    let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}"));
+    let mut writer = Command::new(std::path::PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .args(["run", "--ops-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(kafka_options(&[option]))
+        .env("INTAKE_REQUESTS_TOPIC", format!("refusal-{}", ulid::Ulid::new()))
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Ok(Some(status)) = writer.try_wait() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = writer.kill();
+            panic!("the writer with {option} kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    (status.code(), stderr)
+}
+
+#[test]
+fn the_writer_refuses_incremental_rebalancing_at_start() {
+    for (option, named) in [
+        ("partition.assignment.strategy=cooperative-sticky", "partition.assignment.strategy"),
+        ("group.protocol=consumer", "group.protocol"),
+    ] {
+        let (code, stderr) = run_writer_with(option);
+        assert_eq!(code, Some(1), "{option}: {stderr}");
+        assert!(stderr.contains(named) && stderr.contains("refused") && stderr.contains("eager"), "{stderr}");
+    }
+}
+
+async fn ops(stack: &Stack, ops_url: &str, path: &str) -> (u16, String) {
+    match stack.http.get(format!("{ops_url}{path}")).send().await {
+        Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
+        Err(_) => (0, String::new()),
+    }
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_is_restarted_and_a_message_workers_keep_dying_on_is_dead_lettered() {
+    let stack = Stack::start_with(StackOptions { start_writer: false, ..Default::default() }).await;
+    let (key, other) = (stack.workspace(), stack.workspace());
+    let ops_url = format!("http://127.0.0.1:{}", free_port());
+    let log = std::fs::File::create(stack.log_dir.join("writer.log")).unwrap_or_else(|e| panic!("{e}"));
+    // Workers die four times holding this workspace: three times on its first message (the
+    // policy's attempts, then it is given up on), once on the next, which then applies.
+    let mut writer = stack
+        .writer_command()
+        .env("INTAKE_WRITER_FAILPOINT_PANIC", format!("{}:4", key.workspace_id))
+        .args(["run", "--ops-listen", ops_url.trim_start_matches("http://")])
+        .stdout(log.try_clone().unwrap_or_else(|e| panic!("{e}")))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ready = || async { ops(&stack, &ops_url, "/readyz").await.0 == 200 };
+    wait_until("the writer in its group", Duration::from_secs(30), ready).await;
+
+    let first = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!((first.status, first.error_code()), (500, "internal_error"), "given up on: {first:?}");
+    let letters = topic_headers(&format!("{}.requests.dlq", stack.topic_prefix), 1, Duration::from_secs(20));
+    assert_eq!(letters[0].get("reason").map(String::as_str), Some("worker_died"), "{letters:?}");
+    assert_eq!(letters[0].get("attempts").map(String::as_str), Some("3"), "{letters:?}");
+    let second = stack.post("/v1/conversions", &key, &conversion("lead")).await;
+    assert_eq!(second.status, 201, "the workspace goes on: {second:?}");
+    assert_eq!(stack.post("/v1/conversions", &other, &conversion("lead")).await.status, 201);
+
+    let metrics = Metrics(ops(&stack, &ops_url, "/metrics").await.1);
+    assert_eq!(metrics.value("intake_writer_worker_restarts_total"), 4.0);
+    assert!(writer.try_wait().is_ok_and(|status| status.is_none()), "the same process throughout");
+    assert_eq!(ops(&stack, &ops_url, "/healthz").await.0, 200);
+    assert_eq!(stored_count(&database().await, &key.workspace_id).await, 1);
+    assert!(stack.logs().contains("an apply worker died; started again"));
+    let _ = writer.kill();
+    let _ = writer.wait();
+}
+
+#[tokio::test]
+async fn a_workspace_held_elsewhere_past_the_bound_makes_the_writer_unready_but_not_unhealthy() {
+    let stack = Stack::start_with(StackOptions {
+        write_timeout_ms: 2_000,
+        writer_args: ["--workspace-wait-bound-ms", "1000", "--stall-timeout-ms", "2000"].map(String::from).to_vec(),
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    let db = database().await;
+    // An operator's session holds the workspace's apply lock, as one left idle in a
+    // transaction during an erasure would.
+    let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    let lock = |function: &'static str| {
+        sqlx::query(match function {
+            "lock" => "SELECT pg_advisory_lock(hashtextextended($1, 0))",
+            _ => "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+        })
+        .bind(key.workspace_id.clone())
+    };
+    lock("lock").execute(&mut *holder).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 500);
+    let writer = &stack.writer_ops_urls[0];
+    let held = || async {
+        ops(&stack, writer, "/readyz").await == (503, r#"{"status":"not_ready","reason":"workspace_held"}"#.into())
+    };
+    wait_until("the writer unready", Duration::from_secs(20), held).await;
+    assert_eq!(ops(&stack, writer, "/healthz").await.0, 200, "a restart would not release the lock");
+    let series = format!(r#"intake_writer_workspace_waiting_seconds{{workspace_id="{}"}}"#, key.workspace_id);
+    assert!(stack.writer_metrics(0).await.value(&series) >= 1.0);
+
+    lock("unlock").execute(&mut *holder).await.unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the writer ready again", Duration::from_secs(20), || async {
+        ops(&stack, writer, "/readyz").await.0 == 200
+    })
+    .await;
+    wait_until("the held write applied", Duration::from_secs(10), || async {
+        stored_count(&db, &key.workspace_id).await == 2
+    })
+    .await;
+}
