@@ -1,0 +1,362 @@
+//! Losing the database's primary machine under traffic: writes come back within 30 s with no
+//! operator, nothing acknowledged is lost or stale, and the old primary rejoins as a standby.
+//! On an HA layout of the test's own (deploy/ha.sh: three etcd members, three PostgreSQL nodes
+//! under Patroni with a synchronous standby, HAProxy as the primary's address).
+
+use intake_tests::serde_json::Value;
+use intake_tests::{check_ledger_in, env, wait_until, FaultReport, Sent, Stack, StackOptions, Traffic};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Bases of a layout's ports: below the suite's own (tests/src/lib.rs FREE_PORTS, 20000 and up;
+/// KafkaCluster takes 30000-32767, up.sh --ha 30400-30460) and the kernel's ephemeral range, so
+/// that no outgoing connection takes the port of a node that is down. A layout uses B+0..55.
+const BASES: std::ops::Range<u16> = 10_000..19_900;
+const SLOT: u16 = 60;
+/// Offsets from the base of every port the layout listens on without backups (deploy/ha.sh
+/// ha_port), and of the primary's address.
+const OFFSETS: [u16; 14] = [0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32, 50, PRIMARY_OFFSET];
+const PRIMARY_OFFSET: u16 = 55;
+
+/// An HA layout in a scratch directory, started by deploy/ha.sh's start_ha_cluster; every
+/// process of it is killed on drop, even when the test fails.
+struct HaLayout {
+    dir: PathBuf,
+    base: u16,
+}
+
+impl HaLayout {
+    fn start() -> HaLayout {
+        let slots = (BASES.end - BASES.start) / SLOT;
+        let first = (ulid::Ulid::new().random() % u128::from(slots)) as u16;
+        let base = (0..slots)
+            .map(|i| BASES.start + ((first + i) % slots) * SLOT)
+            .find(|base| OFFSETS.iter().all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()))
+            .unwrap_or_else(|| panic!("no free ports for an HA layout in {BASES:?}"));
+        let dir = std::env::temp_dir().join(format!("intake-ha-{}", ulid::Ulid::new().to_string().to_lowercase()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        // The nodes run as users of their own (as root), who must reach their directories.
+        let _ = Command::new("chmod").arg("755").arg(&dir).status();
+        let layout = HaLayout { dir, base };
+        layout.start_what_is_down();
+        layout
+    }
+
+    /// start_ha_cluster: starts whatever is down and returns once the primary takes writes
+    /// with a synchronous standby.
+    fn start_what_is_down(&self) {
+        let script = format!("start_ha_cluster {} {} {}", self.dir.display(), self.base, self.primary_port());
+        self.lib(&script).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Runs `script` with deploy/lib.sh sourced; its output or why it failed.
+    fn lib(&self, script: &str) -> Result<String, String> {
+        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
+        let output = Command::new("bash")
+            .args(["-c", &format!("source {} && {script}", lib.display())])
+            .env("INTAKE_HOME", &self.dir)
+            // No WAL archive and no backups, and small nodes: a short-lived layout.
+            .env("INTAKE_HA_BACKUPS", "0")
+            .env("INTAKE_HA_SHARED_BUFFERS", "128MB")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("bash: {e}"))?;
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        if output.status.success() {
+            Ok(text(&output.stdout))
+        } else {
+            Err(format!("{script} failed: {}{}", text(&output.stdout), text(&output.stderr)))
+        }
+    }
+
+    fn primary_port(&self) -> u16 {
+        self.base + PRIMARY_OFFSET
+    }
+
+    fn database_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.primary_port())
+    }
+
+    fn rest_url(&self, node: u16, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.base + 29 + node)
+    }
+
+    /// SIGKILL to every process of node `node` (1 to 3): Patroni, the postmaster, its children.
+    fn kill_node(&self, node: u16) {
+        self.lib(&format!("ha_node_signal {} {node} KILL", self.dir.display())).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// How node `node`'s Patroni brought it back (pg_rewind or a new copy), from its log.
+    fn how_rejoined(&self, node: u16) -> String {
+        let log = std::fs::read_to_string(self.logs().join(format!("ha-node-{node}.log"))).unwrap_or_default();
+        let said = |what: &str| log.lines().any(|line| line.contains(what));
+        match (said("running pg_rewind"), said("reinitialize") || said("emoving data directory")) {
+            (_, true) => "copied again".to_owned(),
+            (true, false) => "pg_rewind".to_owned(),
+            (false, false) => "no rewind needed".to_owned(),
+        }
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+}
+
+impl Drop for HaLayout {
+    fn drop(&mut self) {
+        // Patroni first, so that it restarts nothing; then an immediate shutdown of each
+        // postmaster (it removes its shared memory, which a SIGKILL leaves behind); then
+        // SIGKILL to whatever of a node is left, to HAProxy and to etcd.
+        let dir = self.dir.display();
+        let script = format!(
+            r#"set +e
+               for n in 1 2 3; do
+                 group="$(cat {dir}/run/ha-node-$n.pid 2>/dev/null)" && kill -KILL -- "-$group" 2>/dev/null
+                 postmaster="$(head -n 1 {dir}/ha/node-$n/data/postmaster.pid 2>/dev/null)" \
+                   && ha_node_pids {dir} $n | grep -qx "$postmaster" && kill -QUIT "$postmaster"
+               done
+               for _ in $(seq 50); do
+                 [ -z "$(ha_node_pids {dir} 1)$(ha_node_pids {dir} 2)$(ha_node_pids {dir} 3)" ] && break
+                 sleep 0.1
+               done
+               for n in 1 2 3; do ha_node_signal {dir} $n KILL; done
+               for file in {dir}/run/ha-*.pid; do [ -f "$file" ] && kill -KILL "$(cat "$file")" 2>/dev/null; done
+               true"#
+        );
+        if let Err(error) = self.lib(&script) {
+            eprintln!("stopping the HA layout: {error}");
+        }
+        if std::thread::panicking() {
+            eprintln!("the HA layout's logs (Patroni, PostgreSQL, HAProxy, etcd): {}", self.logs().display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A member of Patroni's /cluster: name, role, state.
+fn members(cluster: &Value) -> Vec<(String, String, String)> {
+    let text = |m: &Value, k: &str| m[k].as_str().unwrap_or_default().to_owned();
+    cluster["members"]
+        .as_array()
+        .map(|all| all.iter().map(|m| (text(m, "name"), text(m, "role"), text(m, "state"))).collect())
+        .unwrap_or_default()
+}
+
+/// What the layout's own interfaces showed during the failover, from the kill.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Patroni's /cluster lists a running leader other than the old one.
+    leader_listed: Option<Duration>,
+    /// HAProxy's check marks a node other than the old primary up.
+    routed: Option<Duration>,
+}
+
+/// Polls Patroni's /cluster and HAProxy's stats every 100 ms until stopped.
+fn watch(layout: &HaLayout, old: &str, killed_at: Instant) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap_or_default();
+    let rest: Vec<String> = (1..=3).map(|n| layout.rest_url(n, "/cluster")).collect();
+    let stats = format!("http://127.0.0.1:{}/;csv", layout.base + 50);
+    let (old, record) = (old.to_owned(), seen.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let at = killed_at.elapsed();
+            for url in &rest {
+                let Ok(response) = http.get(url).send().await else { continue };
+                let Ok(cluster) = response.json::<Value>().await else { continue };
+                let new_leader = members(&cluster)
+                    .iter()
+                    .any(|(name, role, state)| *name != old && role == "leader" && state == "running");
+                if new_leader {
+                    record.lock().unwrap_or_else(|p| p.into_inner()).leader_listed.get_or_insert(at);
+                }
+                break;
+            }
+            if let Ok(response) = http.get(&stats).send().await {
+                let csv = response.text().await.unwrap_or_default();
+                // pxname, svname, ..., status (column 17 of HAProxy's CSV).
+                let up = csv.lines().map(|line| line.split(',').collect::<Vec<_>>()).any(|row| {
+                    row.len() > 17
+                        && row[0] == "primary"
+                        && row[1].starts_with("node-")
+                        && row[1] != old
+                        && row[17] == "UP"
+                });
+                if up {
+                    record.lock().unwrap_or_else(|p| p.into_inner()).routed.get_or_insert(at);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (seen, task)
+}
+
+/// Seconds from `from` (wall clock) to an RFC 3339 time.
+fn seconds_after(from: SystemTime, rfc3339: &str) -> Option<f64> {
+    let at = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339).ok()?;
+    let from = time::OffsetDateTime::from(from);
+    Some((at - from).as_seconds_f64())
+}
+
+/// The first success of each workspace among requests sent after `at`, counted to its answer.
+fn first_success_after(sent: &[Sent], workspaces: usize, at: Instant) -> Vec<Option<Duration>> {
+    let mut first = vec![None; workspaces];
+    for s in sent.iter().filter(|s| s.started >= at && (200..300).contains(&s.status)) {
+        let answered = s.started + s.took - at;
+        let slot: &mut Option<Duration> = &mut first[s.workspace];
+        if slot.is_none_or(|earlier| answered < earlier) {
+            *slot = Some(answered);
+        }
+    }
+    first
+}
+
+// Several threads: the layout's scripts block one while the traffic goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_heals() {
+    let started = Instant::now();
+    let layout = tokio::task::block_in_place(HaLayout::start);
+    let layout_up = started.elapsed();
+    let migrated = Command::new(PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .arg("migrate")
+        .env("DATABASE_URL", layout.database_url())
+        .output()
+        .unwrap_or_else(|e| panic!("migrate: {e}"));
+    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    // Production's write timeout and stall rule; no rate limit in the way of the traffic.
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(layout.database_url()),
+        requests_per_minute: 1_000_000,
+        conversions_per_minute: 100_000_000,
+        ..Default::default()
+    })
+    .await;
+    let keys = stack.workspaces_on_every_partition();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let cluster = || async {
+        for node in 1..=3 {
+            let Ok(response) = http.get(layout.rest_url(node, "/cluster")).send().await else { continue };
+            if let Ok(cluster) = response.json::<Value>().await {
+                return members(&cluster);
+            }
+        }
+        Vec::new()
+    };
+    let before = cluster().await;
+    let old = before.iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name.clone());
+    let old = old.unwrap_or_else(|| panic!("no leader: {before:?}"));
+    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
+
+    let traffic = Traffic::start(stack.client(), &keys);
+    let each_wrote = keys.len() * 3;
+    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= each_wrote })
+        .await;
+
+    // The machine is lost: every process of the primary's node stopped, then killed.
+    let killed_wall = SystemTime::now();
+    tokio::task::block_in_place(|| layout.kill_node(old_node));
+    let killed_at = Instant::now();
+    let (seen, watcher) = watch(&layout, &old, killed_at);
+    // When the leader key expires: its last renewal's expiry, as etcd holds it (v2 API).
+    let etcd = format!("http://127.0.0.1:{}/v2/keys/service/intake/leader", layout.base);
+    let leader_key: Value = match http.get(&etcd).send().await {
+        Ok(response) => response.json().await.unwrap_or_default(),
+        Err(_) => Value::Null,
+    };
+    let key_expires = leader_key["node"]["expiration"].as_str().and_then(|at| seconds_after(killed_wall, at));
+
+    traffic.wait_recovered(killed_at, Duration::from_secs(45)).await;
+    let back = traffic.acknowledged();
+    wait_until("writes on the new primary", Duration::from_secs(30), || async {
+        traffic.acknowledged() >= back + keys.len() * 2
+    })
+    .await;
+    watcher.abort();
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
+    // The promotion, as Patroni recorded it: the new timeline's start, once its history lists it.
+    let history_url = layout.rest_url(1 + old_node % 3, "/history");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let promotion = loop {
+        let history: Value = match http.get(&history_url).send().await {
+            Ok(response) => response.json().await.unwrap_or_default(),
+            Err(_) => Value::Null,
+        };
+        let last = history.as_array().and_then(|h| h.last()).cloned().unwrap_or_default();
+        if last[4].as_str().is_some_and(|leader| leader != old) || Instant::now() > deadline {
+            break last;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let promoted = promotion[3].as_str().and_then(|at| seconds_after(killed_wall, at));
+    let new_leader = promotion[4].as_str().unwrap_or("?").to_owned();
+
+    // The old primary's machine comes back: it rejoins as a standby by itself, under traffic.
+    let restarted_at = Instant::now();
+    tokio::task::block_in_place(|| layout.start_what_is_down());
+    let layout_back = restarted_at.elapsed();
+    let rejoined = || async {
+        cluster().await.iter().any(|(name, role, state)| {
+            *name == old
+                && (role == "replica" || role == "sync_standby")
+                && (state == "running" || state == "streaming")
+        })
+    };
+    wait_until(&format!("{old} rejoining as a standby"), Duration::from_secs(90), rejoined).await;
+    let rejoined_after = restarted_at.elapsed();
+    let sent = traffic.stop().await;
+
+    let first = first_success_after(&sent, keys.len(), killed_at);
+    let report = FaultReport::of(&sent, keys.len(), killed_at);
+    let secs = |d: Option<Duration>| d.map_or("none".to_owned(), |d| format!("{:.1}", d.as_secs_f64()));
+    let opt = |s: Option<f64>| s.map_or("?".to_owned(), |s| format!("{s:.1}"));
+    eprintln!(
+        "failover of {old} to {new_leader}: leader key expiring {} s after the kill, promotion at {} s, \
+         listed as leader at {} s, HAProxy routing to it at {} s; first success per workspace {:?} s; \
+         {old} rejoined {:.1} s after its restart (start_ha_cluster {:.1} s; {}); layout up in {:.1} s; {} requests, {} acknowledged, \
+         {} failed, longest {:.1} s; test {:.1} s so far",
+        opt(key_expires),
+        opt(promoted),
+        secs(seen.leader_listed),
+        secs(seen.routed),
+        first.iter().map(|d| secs(*d)).collect::<Vec<_>>(),
+        rejoined_after.as_secs_f64(),
+        layout_back.as_secs_f64(),
+        layout.how_rejoined(old_node),
+        layout_up.as_secs_f64(),
+        sent.len(),
+        report.acknowledged,
+        report.failed,
+        report.longest.as_secs_f64(),
+        started.elapsed().as_secs_f64(),
+    );
+
+    for (workspace, first) in first.iter().enumerate() {
+        assert!(
+            first.is_some_and(|d| d <= Duration::from_secs(30)),
+            "workspace {workspace} had no success within 30 s of the kill: {first:?} (writer logs {})",
+            stack.log_dir.display()
+        );
+    }
+    assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
+    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+    assert!(check.updated > 0, "the traffic updated rows: {check:?}");
+    let metrics = stack.writer_metrics(0).await;
+    let dead_lettered: Vec<&str> = metrics
+        .0
+        .lines()
+        .filter(|l| l.starts_with("intake_writer_dead_lettered_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(dead_lettered.is_empty(), "the failover dead-lettered messages: {dead_lettered:?}");
+    let after = cluster().await;
+    assert!(after.iter().any(|(_, role, _)| role == "sync_standby"), "synchronous replication resumed: {after:?}");
+}
