@@ -109,16 +109,22 @@ impl Drop for HaLayout {
         // Patroni first, so that it restarts nothing; then an immediate shutdown of each
         // postmaster (it removes its shared memory, which a SIGKILL leaves behind); then
         // SIGKILL to whatever of a node is left, to HAProxy and to etcd.
+        let stopping = Instant::now();
         let dir = self.dir.display();
         let script = format!(
             r#"set +e
+               postmasters=()
                for n in 1 2 3; do
                  group="$(cat {dir}/run/ha-node-$n.pid 2>/dev/null)" && kill -KILL -- "-$group" 2>/dev/null
-                 postmaster="$(head -n 1 {dir}/ha/node-$n/data/postmaster.pid 2>/dev/null)" \
-                   && ha_node_pids {dir} $n | grep -qx "$postmaster" && kill -QUIT "$postmaster"
+                 postmaster="$(head -n 1 {dir}/ha/node-$n/data/postmaster.pid 2>/dev/null)"
+                 if [ -n "$postmaster" ] && ha_node_pids {dir} $n | grep -x "$postmaster" >/dev/null; then
+                   kill -QUIT "$postmaster" && postmasters+=("$postmaster")
+                 fi
                done
                for _ in $(seq 50); do
-                 [ -z "$(ha_node_pids {dir} 1)$(ha_node_pids {dir} 2)$(ha_node_pids {dir} 3)" ] && break
+                 alive=0
+                 for postmaster in "${{postmasters[@]}}"; do ha_pid_alive "$postmaster" && alive=1; done
+                 [ "$alive" = 0 ] && break
                  sleep 0.1
                done
                for n in 1 2 3; do ha_node_signal {dir} $n KILL; done
@@ -128,6 +134,7 @@ impl Drop for HaLayout {
         if let Err(error) = self.lib(&script) {
             eprintln!("stopping the HA layout: {error}");
         }
+        eprintln!("HA layout stopped in {:.1} s", stopping.elapsed().as_secs_f64());
         if std::thread::panicking() {
             eprintln!("the HA layout's logs (Patroni, PostgreSQL, HAProxy, etcd): {}", self.logs().display());
         } else {
@@ -347,7 +354,13 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
         .connect(&layout.database_url())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    let checking = Instant::now();
     let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
+    eprintln!(
+        "ledger checked in {:.1} s: {} conversions updated after an acknowledged value",
+        checking.elapsed().as_secs_f64(),
+        check.updated
+    );
     assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
     assert!(check.updated > 0, "the traffic updated rows: {check:?}");
     let metrics = stack.writer_metrics(0).await;
