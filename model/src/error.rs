@@ -100,7 +100,7 @@ impl ErrorCode {
             ErrorCode::InternalError => "Server fault. Retry; report the request_id to support if it persists.",
             ErrorCode::RequestTimeout => "The request body did not arrive in time. Retry.",
             ErrorCode::ServiceUnavailable => {
-                "The service is overloaded and did not read the request; retry after Retry-After seconds."
+                "The service is overloaded and did not process the request; retry after Retry-After seconds."
             }
             ErrorCode::MalformedRequest => {
                 "The request is not well-formed HTTP/1.1 (request line, a header, Content-Length or Transfer-Encoding)."
