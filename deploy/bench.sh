@@ -11,11 +11,16 @@
 #   deploy/bench.sh --quick         5 s a scenario, no scale runs: to see that it works
 #   deploy/bench.sh --gateways 2 --writers 2    the main run on 2 gateways and 2 writers
 #   deploy/bench.sh --no-scale --no-profile --micro
-#   deploy/bench.sh --sizes 1000000,10000000 --keep-sized
+#   deploy/bench.sh --sizes 1000000,10000000 --memory-mib 2048 --capped-sizes 10000000
 #                                   the runs at size (default 1 M and 10 M stored conversions;
-#                                   --sizes 0 for none): a database of their own, preloaded by
-#                                   COPY after a free-disk check (10 M take about 15 GB), dropped
-#                                   afterwards unless --keep-sized
+#                                   --sizes 0 for none): a database preloaded by COPY after a
+#                                   free-disk check (10 M take about 15 GB), on a PostgreSQL
+#                                   cluster of their own in a memory cgroup (shared_buffers a
+#                                   quarter of --memory-mib, default 2048), removed afterwards; at
+#                                   the --capped-sizes (default the largest) the scenarios run
+#                                   again with the cluster capped at --memory-mib, page cache
+#                                   included. --memory-mib 0: no cluster, no capped runs, the
+#                                   database on the shared server, kept with --keep-sized
 #   deploy/bench.sh --baseline REV [--rounds N]
 #                                   A/B against commit REV on this host: REV is built in a
 #                                   worktree of its own (~/.cache/intake/baseline, its own target
@@ -185,6 +190,8 @@ while [ $# -gt 0 ]; do
                         INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-50000}" ;;
         --sizes) export INTAKE_BENCH_SIZES="$2"; shift ;;
         --keep-sized) export INTAKE_BENCH_KEEP_SIZED=1 ;;
+        --memory-mib) export INTAKE_BENCH_MEMORY_MIB="$2"; shift ;;
+        --capped-sizes) export INTAKE_BENCH_CAPPED_SIZES="$2"; shift ;;
         --seconds) export INTAKE_BENCH_SECONDS="$2"; shift ;;
         --gateways) export INTAKE_BENCH_GATEWAYS="$2"; shift ;;
         --writers) export INTAKE_BENCH_WRITERS="$2"; shift ;;
@@ -193,7 +200,7 @@ while [ $# -gt 0 ]; do
         --micro) micro=1 ;;
         --baseline) baseline="$2"; shift ;;
         --rounds) rounds="$2"; shift ;;
-        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift
@@ -228,6 +235,7 @@ say "building the release binaries ($CARGO_TARGET_DIR/release)"
 export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release"
 "$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
 export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
+export INTAKE_BENCH_CLUSTER_DIR="${INTAKE_BENCH_CLUSTER_DIR:-$INTAKE_HOME/bench-cluster}"
 
 cd "$REPO"
 "$INTAKE_BIN_DIR/loadgen"

@@ -13,6 +13,7 @@
 
 mod baselines;
 mod bodies;
+mod capped;
 mod client;
 mod machine;
 mod measure;
@@ -85,10 +86,30 @@ pub struct Config {
     sizes: Vec<u64>,
     keep_sized: bool,
     sized_database: String,
+    /// INTAKE_BENCH_MEMORY_MIB: the memory budget of PostgreSQL in the capped runs at size (0:
+    /// none). With a budget, the runs at size go to a cluster of their own
+    /// (INTAKE_BENCH_CLUSTER_DIR), whose `shared_buffers` is a quarter of it, capped or not;
+    /// INTAKE_BENCH_CAPPED_SIZES (default: the largest size) says at which sizes the scenarios
+    /// run a second time, capped.
+    memory_mib: u64,
+    cluster_dir: PathBuf,
+    capped_sizes: Vec<u64>,
 }
 
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Sizes, comma-separated, in increasing order ("" or "0": none).
+fn sizes_setting(name: &str, default: &str) -> Vec<u64> {
+    let mut sizes: Vec<u64> = setting(name, default.to_owned())
+        .split(',')
+        .filter_map(|s| s.trim().replace('_', "").parse().ok())
+        .filter(|&s| s > 0)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
 }
 
 impl Config {
@@ -111,18 +132,15 @@ impl Config {
             profile_seconds: setting("INTAKE_BENCH_PROFILE_SECONDS", 10),
             scale: setting("INTAKE_BENCH_SCALE", 1u8) != 0,
             out_dir: PathBuf::from(setting("INTAKE_BENCH_OUT", "bench".to_owned())),
-            sizes: {
-                let mut sizes: Vec<u64> = setting("INTAKE_BENCH_SIZES", "1000000,10000000".to_owned())
-                    .split(',')
-                    .filter_map(|s| s.trim().replace('_', "").parse().ok())
-                    .filter(|&s| s > 0)
-                    .collect();
-                sizes.sort_unstable();
-                sizes.dedup();
-                sizes
-            },
+            sizes: sizes_setting("INTAKE_BENCH_SIZES", "1000000,10000000"),
             keep_sized: setting("INTAKE_BENCH_KEEP_SIZED", 0u8) != 0,
             sized_database: setting("INTAKE_BENCH_SIZED_DATABASE", "intake_bench_sized".to_owned()),
+            memory_mib: setting("INTAKE_BENCH_MEMORY_MIB", 2048),
+            cluster_dir: PathBuf::from(setting(
+                "INTAKE_BENCH_CLUSTER_DIR",
+                std::env::temp_dir().join("intake-bench-cluster").display().to_string(),
+            )),
+            capped_sizes: sizes_setting("INTAKE_BENCH_CAPPED_SIZES", ""),
         }
     }
 }
@@ -577,8 +595,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
 
-    let sized = if config.sizes.is_empty() {
-        Vec::new()
+    let (sized, sized_cluster) = if config.sizes.is_empty() {
+        (Vec::new(), Value::Null)
     } else {
         at_size(&config, &db, &database_url, &infrastructure, &mut scenarios).await?
     };
@@ -598,6 +616,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         scale_gateways,
         profiles,
         sized,
+        sized_cluster,
     };
     let (json, markdown) = report::render(&run);
     std::fs::write(config.out_dir.join("report.json"), format!("{json:#}\n"))?;
@@ -609,19 +628,61 @@ async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The runs at size (sized.rs): their scenarios join the others; returns per size the load and
-/// the erasure. The database is dropped afterwards unless asked to keep it.
+/// The runs at size (sized.rs): their scenarios join the others; returns per size the load, the
+/// erasure, the bytes per stored conversion and the WAL per item, and what the capped runs read
+/// and held. With a memory budget they run on a cluster of their own in a memory cgroup
+/// (capped.rs), removed afterwards; else on DATABASE_URL's server. The database is dropped
+/// afterwards unless asked to keep it.
 async fn at_size(
     config: &Config,
     db: &sqlx::PgPool,
     database_url: &str,
     infrastructure: &Roles,
     scenarios: &mut Vec<(&'static str, Scenario)>,
-) -> anyhow::Result<Vec<Value>> {
+) -> anyhow::Result<(Vec<Value>, Value)> {
+    let cluster = if config.memory_mib > 0 {
+        let budget = config.memory_mib << 20;
+        match capped::Cluster::start(&config.cluster_dir, budget) {
+            Ok(cluster) => Some(cluster),
+            Err(error) => {
+                say(&format!("no capped runs: {error:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let own_server = cluster.as_ref().map(capped::Cluster::server_url);
     let (server, _) = database_url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
+    let server = own_server.as_deref().unwrap_or(server);
+    let admin = match &cluster {
+        Some(_) => {
+            sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&format!("{server}/postgres")).await?
+        }
+        None => db.clone(),
+    };
+    let infrastructure = Roles {
+        postmaster: cluster.as_ref().map(|c| c.postmaster).or(infrastructure.postmaster),
+        ..infrastructure.clone()
+    };
+    let largest = config.sizes.last().copied().unwrap_or(0);
+    let capped_at = |size: u64| {
+        cluster.is_some()
+            && if config.capped_sizes.is_empty() { size == largest } else { config.capped_sizes.contains(&size) }
+    };
     let name = &config.sized_database;
-    say(&format!("runs at size {:?}: database {name}", config.sizes));
-    let mut preloaded = sized::Preloaded::create(db, server, name, &intake_tests::env("INTAKE_BIN_DIR")).await?;
+    say(&format!(
+        "runs at size {:?}: database {name}{}",
+        config.sizes,
+        cluster.as_ref().map_or(String::new(), |c| format!(
+            " on a cluster of its own (port {}, shared_buffers {} MiB; capped at {} MiB at {:?})",
+            c.port,
+            c.shared_buffers_mib,
+            c.budget_bytes >> 20,
+            config.sizes.iter().filter(|&&s| capped_at(s)).collect::<Vec<_>>()
+        ))
+    ));
+    let mut preloaded = sized::Preloaded::create(&admin, server, name, &intake_tests::env("INTAKE_BIN_DIR")).await?;
     let mut rows = Vec::new();
     let mut outcome = Ok(());
     for &size in &config.sizes {
@@ -634,24 +695,58 @@ async fn at_size(
             }
         };
         say(&format!("loaded: {load}"));
-        match sized::scenarios_at(config, &preloaded, infrastructure, size).await {
-            Ok((measured, erase)) => {
-                scenarios.extend(measured);
-                rows.push(json!({ "size": size, "label": sized::label(size), "load": load, "erase": erase }));
+        let stored =
+            capped::bytes_per_conversion(&preloaded.db).await.unwrap_or_else(|e| json!({ "failed": e.to_string() }));
+        let mut runs = vec![None];
+        if capped_at(size) {
+            runs.push(cluster.as_ref());
+        }
+        let mut row =
+            json!({ "size": size, "label": sized::label(size), "load": load, "bytes_per_conversion": stored });
+        for capped in runs {
+            if let Some(cluster) = capped {
+                if let Err(error) = cluster.cap() {
+                    outcome = Err(error);
+                    break;
+                }
+                say(&format!("PostgreSQL capped at {} MiB (page cache included)", cluster.budget_bytes >> 20));
             }
-            Err(error) => {
-                outcome = Err(error);
-                break;
+            let measured = sized::scenarios_at(config, &preloaded, &infrastructure, size, capped).await;
+            if let Some(cluster) = capped {
+                let _ = cluster.uncap();
             }
+            match measured {
+                Ok((measured, extra)) => {
+                    scenarios.extend(measured);
+                    let key = if capped.is_some() { "capped" } else { "uncapped" };
+                    row[key] = extra.clone();
+                    if capped.is_none() {
+                        // Where the reports of a run at size have always looked.
+                        row["erase"] = extra["erase"].clone();
+                    }
+                }
+                Err(error) => {
+                    outcome = Err(error);
+                    break;
+                }
+            }
+        }
+        rows.push(row);
+        if outcome.is_err() {
+            break;
         }
     }
     preloaded.db.close().await;
-    if config.keep_sized {
+    if config.keep_sized && cluster.is_none() {
         say(&format!("kept the database {name} (INTAKE_BENCH_KEEP_SIZED)"));
-    } else {
+    } else if cluster.is_none() {
         sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(db).await?;
     }
-    outcome.map(|()| rows)
+    let described = cluster.as_ref().map_or(Value::Null, capped::Cluster::describe);
+    // Dropped here: the cluster stopped and its directory removed, then the group.
+    drop(admin);
+    drop(cluster);
+    outcome.map(|()| (rows, described))
 }
 
 /// Single sends, closed loop, at each number of clients: a markdown table on stdout.

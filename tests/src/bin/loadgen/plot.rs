@@ -1,6 +1,7 @@
 //! The plot of the runs at size: throughput (items/s of batch_ingest, direct_apply, pg_upsert)
-//! and single_200rps's p99 against stored conversions, as an SVG next to report.md (plotters,
-//! SVG backend only).
+//! and single_200rps's p99 against stored conversions, uncapped, and beside them the sizes run
+//! again with PostgreSQL under its memory budget (`capped`), as an SVG next to report.md
+//! (plotters, SVG backend only).
 
 use intake_tests::serde_json::Value;
 use plotters::prelude::*;
@@ -19,14 +20,34 @@ fn series(report: &Value, sized: &[Value], scenario: &str, key: &str) -> Series 
     (scenario.to_owned(), points)
 }
 
+/// The sizes that also ran capped: their points, none at 0.
+fn capped(report: &Value, sized: &[Value], scenario: &str, key: &str) -> Option<Series> {
+    let points: Vec<(f64, f64)> = sized
+        .iter()
+        .filter(|row| !row["capped"].is_null())
+        .map(|row| {
+            let label = row["label"].as_str().unwrap_or("");
+            let value = report[format!("{scenario}_{label}_capped")][key].as_f64().unwrap_or(0.0);
+            (row["size"].as_f64().unwrap_or(0.0), value)
+        })
+        .collect();
+    (!points.is_empty()).then(|| (format!("{scenario}, capped"), points))
+}
+
 /// Two panels side by side: throughput, and p99.
 pub fn draw(report: &Value, sized: &[Value], path: &Path) -> anyhow::Result<()> {
-    let throughput: Vec<Series> = ["batch_ingest", "direct_apply", "pg_upsert"]
+    let mut throughput: Vec<Series> = ["batch_ingest", "direct_apply", "pg_upsert"]
         .into_iter()
         .map(|s| series(report, sized, s, "items_per_s"))
         .collect();
-    let latency: Vec<Series> =
+    throughput.extend(
+        ["batch_ingest", "direct_apply", "pg_upsert"]
+            .into_iter()
+            .filter_map(|s| capped(report, sized, s, "items_per_s")),
+    );
+    let mut latency: Vec<Series> =
         vec![series(report, sized, "single_200rps", "p99_ms"), series(report, sized, "batch_ingest", "p99_ms")];
+    latency.extend(["single_200rps", "batch_ingest"].into_iter().filter_map(|s| capped(report, sized, s, "p99_ms")));
     let root = SVGBackend::new(path, (1000, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(500);

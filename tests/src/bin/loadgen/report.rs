@@ -22,8 +22,11 @@ pub struct Run<'a> {
     pub scale_writers: Value,
     pub scale_gateways: Value,
     pub profiles: Value,
-    /// Per size of the runs at size: the load and the erasure (sized.rs).
+    /// Per size of the runs at size: the load, the erasure, bytes per stored conversion, WAL per
+    /// item, and what the capped scenarios read and held (sized.rs).
     pub sized: Vec<Value>,
+    /// The cluster of the runs at size, when they had one of their own (capped.rs).
+    pub sized_cluster: Value,
 }
 
 fn describe(name: &str, config: &Config) -> String {
@@ -53,8 +56,14 @@ fn utc(at: std::time::SystemTime) -> String {
 
 /// The runs at size (`batch_ingest_10m`, ...): their scenario at that size.
 fn describe_sized(name: &str, config: &Config) -> String {
+    let (name, capped) = match name.strip_suffix("_capped") {
+        Some(name) => {
+            (name, format!(", PostgreSQL capped at {} MiB of memory, page cache included", config.memory_mib))
+        }
+        None => (name, String::new()),
+    };
     let Some((scenario, size)) = name.rsplit_once('_') else { return String::new() };
-    let at = format!("on the database preloaded to {size} stored conversions");
+    let at = format!("on the database preloaded to {size} stored conversions{capped}");
     match scenario {
         "pg_upsert" => format!(
             "baseline: pgbench, INSERT … ON CONFLICT of generated rows into the preloaded `conversions` itself, on {} workspaces of its own, {at}",
@@ -297,7 +306,16 @@ pub fn render(run: &Run) -> (Value, String) {
             json!(ratio(ingest_l, rate(&format!("direct_apply_{label}"))));
         report.insert(format!("erase_{label}"), row["erase"].clone());
     }
+    for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {
+        let label = row["label"].as_str().unwrap_or("");
+        let capped = |scenario: &str| rate(&format!("{scenario}_{label}_capped"));
+        ratios[format!("batch_ingest_{label}_capped / pg_upsert_{label}_capped")] =
+            json!(ratio(capped("batch_ingest"), capped("pg_upsert")));
+        ratios[format!("batch_ingest_{label}_capped / batch_ingest_{label}")] =
+            json!(ratio(capped("batch_ingest"), rate(&format!("batch_ingest_{label}"))));
+    }
     report.insert("sized".into(), json!(run.sized));
+    report.insert("sized_cluster".into(), run.sized_cluster.clone());
     report.insert("ratios".into(), ratios.clone());
     report.insert("gateway_peak_rss_mib".into(), json!(run.gateway_peak_rss_mib));
     report.insert("writer_peak_rss_mib".into(), json!(run.writer_peak_rss_mib));
@@ -400,7 +418,12 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         let _ = writeln!(md, "## At size\n");
         let _ = writeln!(
             md,
-            "A database of its own preloaded (COPY, indexes built after) to each size: 1,000 workspaces of Zipf-distributed sizes, one conversion in three with a parent, one visit per conversion; traffic to those workspaces in proportion to their size. The OS caches most of it on this machine: that flatters the larger sizes.\n"
+            "A database of its own preloaded (COPY, indexes built after) to each size: 1,000 workspaces of Zipf-distributed sizes, one conversion in three with a parent, one visit per conversion; traffic to those workspaces in proportion to their size. {}\n",
+            if run.sized_cluster.is_null() {
+                "The OS caches most of it on this machine: that flatters the larger sizes."
+            } else {
+                "Uncapped, the OS caches most of it on this machine; capped, PostgreSQL and its page cache live within the memory budget below."
+            }
         );
         let _ = writeln!(md, "![throughput and p99 against stored conversions](throughput_by_size.svg)\n");
         let _ = writeln!(md, "| stored conversions | batch_ingest items/s | batch_ingest p99 ms | single_200rps p99 ms | direct_apply items/s | pg_upsert items/s | load s (copy + indexes + vacuum) | erase ms | lock held ms | same-workspace write max ms |\n|---|---|---|---|---|---|---|---|---|---|");
@@ -434,7 +457,25 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
                 e["same_workspace_writes_meanwhile"]["max_ms"]
             );
         }
+        for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {
+            let l = row["label"].as_str().unwrap_or("");
+            let e = &row["capped"]["erase"];
+            let _ = writeln!(
+                md,
+                "| {}, capped | {} | {} | {} | {} | {} | | {} | {} | {} |",
+                row["size"],
+                at(&format!("batch_ingest_{l}_capped"), "items_per_s"),
+                at(&format!("batch_ingest_{l}_capped"), "p99_ms"),
+                at(&format!("single_200rps_{l}_capped"), "p99_ms"),
+                at(&format!("direct_apply_{l}_capped"), "items_per_s"),
+                at(&format!("pg_upsert_{l}_capped"), "items_per_s"),
+                e["erase_command_ms"],
+                e["lock_held_ms"],
+                e["same_workspace_writes_meanwhile"]["max_ms"]
+            );
+        }
         let _ = writeln!(md);
+        sized_storage(&mut md, run);
     }
 
     let _ = writeln!(md, "## Scenarios\n");
@@ -610,6 +651,74 @@ fn short(function: &str) -> String {
 /// The writers' `--apply-lanes` (the load generator starts them with the environment it has).
 pub fn writer_lanes() -> usize {
     std::env::var("INTAKE_WRITER_APPLY_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+}
+
+/// The cluster of the runs at size, what a stored conversion costs, and what the capped runs
+/// read and held.
+fn sized_storage(md: &mut String, run: &Run) {
+    let c = &run.sized_cluster;
+    if !c.is_null() {
+        let _ = writeln!(
+            md,
+            "The runs at size ran on a PostgreSQL cluster of their own in a memory cgroup ({}), `shared_buffers` {} MiB capped or not; capped, the group's limit was {} MiB, its page cache included.\n",
+            c["cgroup"].as_str().unwrap_or(""),
+            c["shared_buffers_mib"],
+            c["budget_mib"]
+        );
+    }
+    let _ = writeln!(md, "### Bytes per stored conversion\n");
+    let _ = writeln!(md, "After each load (COPY, indexes built after, VACUUM); WAL per item written during `batch_ingest` and `pg_upsert` at that size.\n");
+    let indexes: Vec<String> = run
+        .sized
+        .first()
+        .and_then(|row| row["bytes_per_conversion"]["indexes"].as_object())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "| stored conversions | heap | all indexes | {} | WAL per item, batch_ingest | WAL per item, pg_upsert |",
+        indexes.join(" | ")
+    );
+    let _ = writeln!(md, "|{}", "---|".repeat(indexes.len() + 5));
+    for row in &run.sized {
+        let b = &row["bytes_per_conversion"];
+        let each: Vec<String> = indexes.iter().map(|i| b["indexes"][i].to_string()).collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            row["size"],
+            b["heap_bytes"],
+            b["index_bytes"],
+            each.join(" | "),
+            row["uncapped"]["wal_per_item"]["batch_ingest_bytes"],
+            row["uncapped"]["wal_per_item"]["pg_upsert_bytes"]
+        );
+    }
+    let _ = writeln!(md);
+    for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {
+        let _ = writeln!(md, "### Under the memory budget, at {}\n", row["size"]);
+        let _ = writeln!(md, "| scenarios | group limit MiB | group peak MiB | page cache MiB at end (shared memory included) | anonymous MiB | shared memory MiB | limit hits | PostgreSQL block reads/s | buffer hit ratio | PostgreSQL read ms | disk reads/s | disk MiB/s | disk read ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for (name, proof) in row["capped"]["under_budget"].as_object().into_iter().flatten() {
+            let (m, r) = (&proof["memory"], &proof["reads"]);
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                m["limit_mib"],
+                m["peak_mib"],
+                m["at_end"]["page_cache_mib"],
+                m["at_end"]["anonymous_mib"],
+                m["at_end"]["shared_memory_mib"],
+                m["limit_hits"],
+                r["postgresql_block_reads_per_s"],
+                r["postgresql_buffer_hit_ratio"],
+                r["postgresql_read_ms_mean"],
+                r["disk_reads_per_s"],
+                r["disk_read_mib_per_s"],
+                r["disk_read_ms_mean"]
+            );
+        }
+        let _ = writeln!(md);
+    }
 }
 
 #[cfg(test)]

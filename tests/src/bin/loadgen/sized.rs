@@ -15,6 +15,7 @@
 //! each load the free disk of PostgreSQL's data directory is checked.
 
 use crate::baselines;
+use crate::capped::Cluster;
 use crate::machine::Roles;
 use crate::measure::{closed_loop, open_loop, round1, round2, Counted, Measured};
 use crate::{start_stack_on, Plans, Scenario};
@@ -338,22 +339,63 @@ pub async fn erase_in_largest(stack: &Stack, preloaded: &Preloaded) -> anyhow::R
     }))
 }
 
-/// Every scenario at one size, on a stack of its own over the preloaded database.
+/// What a scenario under a memory budget read and held: the group's memory meanwhile, and the
+/// reads of PostgreSQL and of the disk.
+struct Proof<'a> {
+    cluster: &'a Cluster,
+    db: &'a PgPool,
+    sampler: crate::capped::Sampler,
+    io: crate::capped::Io,
+    started: Instant,
+}
+
+impl<'a> Proof<'a> {
+    async fn start(cluster: Option<&'a Cluster>, db: &'a PgPool) -> anyhow::Result<Option<Proof<'a>>> {
+        let Some(cluster) = cluster else { return Ok(None) };
+        let io = crate::capped::io(db, &cluster.data_dir()).await?;
+        Ok(Some(Proof {
+            cluster,
+            db,
+            sampler: crate::capped::Sampler::start(&cluster.group),
+            io,
+            started: Instant::now(),
+        }))
+    }
+
+    async fn finish(proof: Option<Proof<'a>>) -> anyhow::Result<Value> {
+        let Some(proof) = proof else { return Ok(Value::Null) };
+        let seconds = proof.started.elapsed().as_secs_f64();
+        let io = proof.io.until(&crate::capped::io(proof.db, &proof.cluster.data_dir()).await?, seconds);
+        Ok(json!({ "memory": proof.sampler.finish(&proof.cluster.group).await, "reads": io }))
+    }
+}
+
+/// Every scenario at one size, on a stack of its own over the preloaded database; under the
+/// memory budget of `capped` when given (the scenarios' names end in `_capped`, and each says
+/// what it read and held). Returns the scenarios, and the erasure, the WAL written per item and
+/// what the capped scenarios read.
 pub async fn scenarios_at(
     config: &crate::Config,
     preloaded: &Preloaded,
     infrastructure: &Roles,
     size: u64,
+    capped: Option<&Cluster>,
 ) -> anyhow::Result<(Vec<(&'static str, Scenario)>, Value)> {
-    let name = |scenario: &str| -> &'static str { Box::leak(format!("{scenario}_{}", label(size)).into_boxed_str()) };
+    let suffix = if capped.is_some() { "_capped" } else { "" };
+    let name =
+        |scenario: &str| -> &'static str { Box::leak(format!("{scenario}_{}{suffix}", label(size)).into_boxed_str()) };
+    let tag = format!("{}{}", label(size), if capped.is_some() { ", capped" } else { "" });
     let duration = Duration::from_secs(config.seconds);
     let stack = start_stack_on(config.gateways, config.writers, Some(preloaded.url.clone())).await;
     let roles = crate::roles_of(&stack, infrastructure);
     let plans = Plans { keys: Arc::new(preloaded.keys.clone()) };
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;
     let mut scenarios = Vec::new();
-    crate::say(&format!("batch_ingest and pg_upsert at {}, in turns", label(size)));
-    let (ingest, upsert) = ingest_and_upsert_in_turns(config, &stack, &roles, &plans, &preloaded.url).await?;
+    let mut proofs = intake_tests::serde_json::Map::new();
+    crate::say(&format!("batch_ingest and pg_upsert at {tag}, in turns"));
+    let proof = Proof::start(capped, &preloaded.db).await?;
+    let (ingest, upsert, wal) = ingest_and_upsert_in_turns(config, &stack, &roles, &plans, preloaded).await?;
+    proofs.insert(format!("batch_ingest and pg_upsert_{}{suffix}", label(size)), Proof::finish(proof).await?);
     scenarios.push((name("batch_ingest"), ingest));
     scenarios.push((name("pg_upsert"), upsert));
     crate::settle(&preloaded.url).await?;
@@ -363,7 +405,8 @@ pub async fn scenarios_at(
         plans.single_open(Arc::new(crate::bodies::Generator::new("sized-paced-warm"))),
     )
     .await;
-    crate::say(&format!("single_200rps at {}", label(size)));
+    crate::say(&format!("single_200rps at {tag}"));
+    let proof = Proof::start(capped, &preloaded.db).await?;
     let cores = tokio::spawn(roles.clone().cores_during(duration));
     let before = crate::stages::read(&stack).await;
     let measured = open_loop(
@@ -387,7 +430,9 @@ pub async fn scenarios_at(
             cores: cores.await.unwrap_or_default(),
         },
     ));
-    crate::say(&format!("direct_apply at {}", label(size)));
+    proofs.insert(name("single_200rps").to_owned(), Proof::finish(proof).await?);
+    crate::say(&format!("direct_apply at {tag}"));
+    let proof = Proof::start(capped, &preloaded.db).await?;
     let (measured, cores) = baselines::direct_apply(
         &stack,
         &preloaded.keys,
@@ -399,9 +444,14 @@ pub async fn scenarios_at(
     )
     .await?;
     scenarios.push((name("direct_apply"), Scenario { measured, counted: Counted::Items, cores, writer: None }));
-    crate::say(&format!("erase at {}: one person in the largest workspace", label(size)));
+    proofs.insert(name("direct_apply").to_owned(), Proof::finish(proof).await?);
+    crate::say(&format!("erase at {tag}: one person in the largest workspace"));
     let erase = erase_in_largest(&stack, preloaded).await?;
-    Ok((scenarios, erase))
+    let mut extra = json!({ "erase": erase, "wal_per_item": wal });
+    if capped.is_some() {
+        extra["under_budget"] = Value::Object(proofs);
+    }
+    Ok((scenarios, extra))
 }
 
 /// `batch_ingest` and its ceiling `pg_upsert` (into the preloaded conversions), measured in
@@ -413,8 +463,12 @@ async fn ingest_and_upsert_in_turns(
     stack: &Stack,
     roles: &Roles,
     plans: &Plans,
-    database_url: &str,
-) -> anyhow::Result<(Scenario, Scenario)> {
+    preloaded: &Preloaded,
+) -> anyhow::Result<(Scenario, Scenario, Value)> {
+    let database_url = preloaded.url.as_str();
+    // The WAL written during each kind of turn, for the bytes per item it costs; the cluster's
+    // other WAL meanwhile (autovacuum, a checkpoint's) counts too, as it would in service.
+    let (mut ingest_wal, mut upsert_wal) = (0i64, 0i64);
     let turns = if config.seconds >= 15 { 3 } else { 1 };
     let turn = Duration::from_secs(config.seconds / turns);
     let plan = plans.batch_ingest(
@@ -427,11 +481,15 @@ async fn ingest_and_upsert_in_turns(
     let (mut ingest_cores, mut upsert_cores) = (Vec::new(), Vec::new());
     for _ in 0..turns {
         let cores = tokio::spawn(roles.clone().cores_during(turn));
+        let wal = crate::capped::wal_lsn(&preloaded.db).await?;
         let measured = closed_loop(&crate::targets(stack), config.batch_clients, turn, plan.clone()).await;
+        let wal_after = crate::capped::wal_lsn(&preloaded.db).await?;
+        ingest_wal += wal_after - wal;
         ingest_cores.push(cores.await.unwrap_or_default());
         ingest_turns.push(measured);
         let (measured, cores) =
             baselines::pg_upsert_into_preloaded(database_url, roles, turn, config.pg_clients, &config.out_dir).await?;
+        upsert_wal += crate::capped::wal_lsn(&preloaded.db).await? - wal_after;
         upsert_cores.push(cores);
         upsert_turns.push(measured);
     }
@@ -444,6 +502,11 @@ async fn ingest_and_upsert_in_turns(
     for measured in [&mut ingest, &mut upsert] {
         measured.concurrency = format!("{}, in {turns} turns of {} s", measured.concurrency, turn.as_secs());
     }
+    let per_item = |bytes: i64, items: u64| round1(bytes as f64 / items.max(1) as f64);
+    let wal = json!({
+        "batch_ingest_bytes": per_item(ingest_wal, ingest.recorder.items),
+        "pg_upsert_bytes": per_item(upsert_wal, upsert.recorder.items),
+    });
     Ok((
         Scenario {
             measured: ingest,
@@ -457,5 +520,6 @@ async fn ingest_and_upsert_in_turns(
             cores: crate::machine::mean_cores(&upsert_cores),
             writer: None,
         },
+        wal,
     ))
 }
