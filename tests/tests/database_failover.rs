@@ -88,14 +88,28 @@ impl HaLayout {
         self.lib(&format!("ha_node_signal {} {node} KILL", self.dir.display())).unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// How node `node`'s Patroni brought it back (pg_rewind or a new copy), from its log.
+    /// How node `node`'s Patroni brought it back (pg_rewind or a new copy): its log's lines of
+    /// the rewind, with their times.
     fn how_rejoined(&self, node: u16) -> String {
         let log = std::fs::read_to_string(self.logs().join(format!("ha-node-{node}.log"))).unwrap_or_default();
-        let said = |what: &str| log.lines().any(|line| line.contains(what));
-        match (said("running pg_rewind"), said("reinitialize") || said("emoving data directory")) {
-            (_, true) => "copied again".to_owned(),
-            (true, false) => "pg_rewind".to_owned(),
-            (false, false) => "no rewind needed".to_owned(),
+        let steps: Vec<&str> = log
+            .lines()
+            .filter(|line| {
+                let step = [
+                    "running pg_rewind from node",
+                    "pg_rewind exit code",
+                    "checkpoint on",
+                    "emoving data",
+                    "reinitializ",
+                ];
+                step.iter().any(|s| line.contains(s)) && !line.ends_with("in progress")
+            })
+            .map(|line| line.get(11..).unwrap_or(line))
+            .collect();
+        if steps.is_empty() {
+            "no rewind needed".to_owned()
+        } else {
+            steps.join("; ")
         }
     }
 
