@@ -9,8 +9,8 @@
 //! INTAKE_REDIS_URL, FAULTS_DIR (scratch), FAULTS_PG_DATA, FAULTS_REDIS_PORT, FAULTS_KAFKA_DIR,
 //! FAULTS_KAFKA_BASE_PORT, FAULTS_LIB (deploy/lib.sh), FAULTS_PARTITION_USER (optional).
 
-use intake_tests::free_port;
 use intake_tests::serde_json::{json, Value};
+use intake_tests::{free_port, same_decimal};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -114,11 +114,11 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    /// Every half second: restart any process that exited, a writer whose /healthz says it is
-    /// stalled, and any Kafka node that is down.
+    /// Every quarter second: restart any process that exited, a writer whose /healthz says it
+    /// is stalled, and any Kafka node that is down.
     async fn watch(self: Arc<Self>) {
         loop {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
             let mut stalled = Vec::new();
             let writers: Vec<(usize, String)> = {
                 let processes = self.lock();
@@ -373,6 +373,27 @@ impl Traffic {
     fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits until every workspace has had `count` requests sent at or after `since` answered
+    /// 2xx, for at most `patience`; whether they were.
+    async fn wait_acknowledged(&self, since: Instant, count: usize, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        loop {
+            let done = {
+                let ledger = self.lock();
+                self.keys.iter().all(|key| {
+                    let ok = |r: &&Outcome| {
+                        r.workspace == key.workspace_id && r.started >= since && (200..300).contains(&r.status)
+                    };
+                    ledger.requests.iter().filter(ok).count() >= count
+                })
+            };
+            if done || Instant::now() > deadline {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 fn item(external_id: &str, value: &str) -> Value {
@@ -555,14 +576,15 @@ impl Harness {
         let fault_started = Instant::now();
         let clients: Vec<_> =
             (0..CLIENTS as u64).map(|c| tokio::spawn(self.traffic.clone().client(seed * 100 + c))).collect();
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Traffic flows on every workspace before the fault: polled, not a fixed time.
+        self.traffic.wait_acknowledged(fault_started, 1, RECOVERY_LIMIT).await;
         let fault_at = Instant::now();
         let over = self.inject(fault).await;
         // Let traffic run until writes succeed again on every workspace (each on its own
         // partition of the requests topic), or the limit passes.
         let mut recovered = None;
         while over.elapsed() < RECOVERY_LIMIT + Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let ledger = self.traffic.lock();
             let firsts: Vec<Option<Instant>> = self
                 .traffic
@@ -580,19 +602,22 @@ impl Harness {
                 break;
             }
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Writes go on after the recovery: two more answered on every workspace.
+        if let Some(recovered) = recovered {
+            self.traffic.wait_acknowledged(over + recovered, 2, Duration::from_secs(10)).await;
+        }
         self.traffic.stop.store(true, Ordering::Relaxed);
         for client in clients {
             let _ = client.await;
         }
         self.traffic.stop.store(false, Ordering::Relaxed);
         let mut ready = false;
-        for _ in 0..60 {
+        for _ in 0..300 {
             if self.supervisor.all_ready().await {
                 ready = true;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let mut check = check_database(&self.traffic).await;
         let erased = self.erased.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -625,6 +650,7 @@ impl Harness {
             "writes_back_after_s": recovered.map(|r| r.as_secs_f64()),
             "all_ready": ready,
             "restarts": self.supervisor.take_restarts(),
+            "scenario_s": fault_started.elapsed().as_secs_f64(),
         })
     }
 }
@@ -682,7 +708,7 @@ async fn check_database(traffic: &Traffic) -> Check {
         if (check.missing == 0 && check.wrong == 0) || Instant::now() > deadline {
             return check;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -733,14 +759,6 @@ async fn check_database_once(traffic: &Traffic) -> Check {
         drop(ledger);
         check
     }
-}
-
-fn same_decimal(a: &str, b: &str) -> bool {
-    let norm = |s: &str| {
-        let s = if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.') } else { s };
-        s.to_owned()
-    };
-    norm(a) == norm(b)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -817,11 +835,11 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
         restarts: Mutex::default(),
         http: http.clone(),
     });
-    for _ in 0..120 {
+    for _ in 0..600 {
         if supervisor.all_ready().await {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     (supervisor, keys, gateways.join(","))
 }
