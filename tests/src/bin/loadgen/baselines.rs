@@ -7,6 +7,9 @@
 //! - `pg_upsert`: pgbench upserting 100 generated rows per transaction into a copy of the
 //!   `conversions` table (same columns and indexes, no foreign keys), 2 clients: the ceiling of
 //!   the write stage on this machine.
+//! - `pg_upsert_v1`: the same upsert into a table of the shape `conversions` had before its
+//!   indexes were made lean (migrations 0001 to 0006): a fixed yardstick, which a leaner shape
+//!   beats instead of moving with it.
 
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine::Roles;
@@ -125,6 +128,49 @@ SELECT 'cnv_' || u, 'ws_bench_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 
 
 pub const PG_UPSERT_ROWS: u64 = 100;
 
+/// The table of the fixed yardstick at size, beside `conversions` in the preloaded database.
+pub const V1_TABLE: &str = "bench_conversions_v1";
+
+/// `conversions` as migrations 0001 to 0006 left it, without its foreign keys: nine indexes, the
+/// unique key (workspace, event, external_id), identifiers and digests indexed as text after the
+/// workspace id.
+pub fn v1_table(name: &str) -> String {
+    format!(
+        "CREATE TABLE {name} (
+            id text PRIMARY KEY, workspace_id text NOT NULL, event text NOT NULL, external_id text NOT NULL,
+            parent_external_id text, chain_id text NOT NULL, occurred_at timestamptz NOT NULL,
+            visitor_id text, click_id text, contact_id text, email_sha256 text, phone_sha256 text,
+            address_sha256 text, country text, value numeric, currency text, hdyhau text, tags jsonb,
+            created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now(),
+            UNIQUE (workspace_id, event, external_id));
+         CREATE INDEX {name}_by_external_id ON {name} (workspace_id, external_id);
+         CREATE INDEX {name}_by_parent ON {name} (workspace_id, parent_external_id) WHERE parent_external_id IS NOT NULL;
+         CREATE INDEX {name}_by_chain ON {name} (workspace_id, chain_id);
+         CREATE INDEX {name}_by_email ON {name} (workspace_id, email_sha256) WHERE email_sha256 IS NOT NULL;
+         CREATE INDEX {name}_by_phone ON {name} (workspace_id, phone_sha256) WHERE phone_sha256 IS NOT NULL;
+         CREATE INDEX {name}_by_contact ON {name} (workspace_id, contact_id) WHERE contact_id IS NOT NULL;
+         CREATE INDEX {name}_by_visitor ON {name} (workspace_id, left(visitor_id, 16)) WHERE visitor_id IS NOT NULL;"
+    )
+}
+
+/// pg_upsert into a table of the old shape, empty at the start.
+pub async fn pg_upsert_v1(
+    db: &sqlx::PgPool,
+    database_url: &str,
+    roles: &Roles,
+    duration: Duration,
+    clients: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
+    let table = format!("{PG_UPSERT_TABLE}_v1");
+    sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
+    sqlx::raw_sql(&v1_table(&table)).execute(db).await?;
+    let script = PG_UPSERT_SCRIPT.replace(&format!("INSERT INTO {PG_UPSERT_TABLE} "), &format!("INSERT INTO {table} "));
+    let measured = pgbench(database_url, &script, roles, duration, clients, dir).await;
+    sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
+    measured
+}
+
 pub async fn pg_upsert(
     db: &sqlx::PgPool,
     database_url: &str,
@@ -171,6 +217,18 @@ pub async fn pg_upsert_into_preloaded(
     dir: &Path,
 ) -> anyhow::Result<(Measured, Value)> {
     pgbench(database_url, PG_UPSERT_PRELOADED_SCRIPT, roles, duration, clients, dir).await
+}
+
+/// The same into the preloaded table of the old shape ([`V1_TABLE`]), as deep as `conversions`.
+pub async fn pg_upsert_v1_into_preloaded(
+    database_url: &str,
+    roles: &Roles,
+    duration: Duration,
+    clients: usize,
+    dir: &Path,
+) -> anyhow::Result<(Measured, Value)> {
+    let script = PG_UPSERT_PRELOADED_SCRIPT.replace("INSERT INTO conversions ", &format!("INSERT INTO {V1_TABLE} "));
+    pgbench(database_url, &script, roles, duration, clients, dir).await
 }
 
 async fn pgbench(

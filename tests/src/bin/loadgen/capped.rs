@@ -268,30 +268,36 @@ impl Sampler {
     }
 }
 
-/// Bytes per stored conversion: the heap (its TOAST included) and each index of `conversions`,
-/// over the rows it holds.
-pub async fn bytes_per_conversion(db: &PgPool) -> anyhow::Result<Value> {
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM conversions").fetch_one(db).await?;
+/// Bytes per stored conversion in `table`: the heap (its TOAST included) and each index, over
+/// the rows it holds.
+pub async fn bytes_per_conversion(db: &PgPool, table: &str) -> anyhow::Result<Value> {
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}")).fetch_one(db).await?;
     let heap: i64 = sqlx::query_scalar(
-        "SELECT pg_relation_size('conversions') + coalesce(pg_total_relation_size(nullif(reltoastrelid, 0)), 0)
-           FROM pg_class WHERE oid = 'conversions'::regclass",
+        "SELECT pg_relation_size(oid) + coalesce(pg_total_relation_size(nullif(reltoastrelid, 0)), 0)
+           FROM pg_class WHERE oid = $1::regclass",
     )
+    .bind(table)
     .fetch_one(db)
     .await?;
     let indexes: Vec<(String, i64)> = sqlx::query_as(
         "SELECT c.relname::text, pg_relation_size(c.oid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-          WHERE i.indrelid = 'conversions'::regclass ORDER BY c.relname",
+          WHERE i.indrelid = $1::regclass ORDER BY c.relname",
     )
+    .bind(table)
     .fetch_all(db)
     .await?;
     let per = |bytes: i64| round(bytes as f64 / rows.max(1) as f64, 1);
     let index_total: i64 = indexes.iter().map(|(_, b)| b).sum();
     Ok(json!({
+        "table": table,
         "rows": rows,
         "heap_bytes": per(heap),
         "index_bytes": per(index_total),
         "total_bytes": per(heap + index_total),
-        "indexes": indexes.iter().map(|(name, b)| (name.clone(), json!(per(*b)))).collect::<intake_tests::serde_json::Map<_, _>>(),
+        "indexes": indexes
+            .iter()
+            .map(|(name, b)| (name.clone(), json!(per(*b))))
+            .collect::<intake_tests::serde_json::Map<_, _>>(),
     }))
 }
 

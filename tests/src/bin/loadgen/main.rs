@@ -8,7 +8,7 @@
 //!
 //! Scenarios, in this order (the gateway's and writer's peak memory is read after the first):
 //! `batch_ingest`, `batch_resend`, `single_32`, `single_200rps`, `reject_401`, `reject_422`,
-//! `workspace_read`, then the baselines `direct_apply` and `pg_upsert`; then, unless turned off,
+//! `workspace_read`, then the baselines `direct_apply`, `pg_upsert` and `pg_upsert_v1`; then, unless turned off,
 //! `batch_ingest` again under a CPU profile, and `batch_ingest` with 1 and 2 gateways and writers.
 
 mod baselines;
@@ -547,6 +547,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let (measured, cores) =
         baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
     scenarios.push(("pg_upsert", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    say(&format!("pg_upsert_v1: pgbench, {} clients, into the old shape", config.pg_clients));
+    let (measured, cores) =
+        baselines::pg_upsert_v1(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
+    scenarios.push(("pg_upsert_v1", Scenario { measured, counted: Counted::Items, cores, writer: None }));
 
     let profiles = if config.profile_seconds > 0 {
         profiles(&stack, &plans, &roles, &config, &profile_dir).await
@@ -695,14 +699,18 @@ async fn at_size(
             }
         };
         say(&format!("loaded: {load}"));
-        let stored =
-            capped::bytes_per_conversion(&preloaded.db).await.unwrap_or_else(|e| json!({ "failed": e.to_string() }));
+        let bytes = |table: &'static str| {
+            let db = preloaded.db.clone();
+            async move {
+                capped::bytes_per_conversion(&db, table).await.unwrap_or_else(|e| json!({ "failed": e.to_string() }))
+            }
+        };
+        let (stored, stored_v1) = (bytes("conversions").await, bytes(baselines::V1_TABLE).await);
         let mut runs = vec![None];
         if capped_at(size) {
             runs.push(cluster.as_ref());
         }
-        let mut row =
-            json!({ "size": size, "label": sized::label(size), "load": load, "bytes_per_conversion": stored });
+        let mut row = json!({ "size": size, "label": sized::label(size), "load": load, "bytes_per_conversion": stored, "bytes_per_conversion_v1": stored_v1 });
         for capped in runs {
             if let Some(cluster) = capped {
                 if let Err(error) = cluster.cap() {

@@ -43,6 +43,7 @@ fn describe(name: &str, config: &Config) -> String {
         "workspace_read" => "GET /v1/workspace".into(),
         "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
+        "pg_upsert_v1" => "fixed yardstick: pg_upsert into a table of the shape `conversions` had before its indexes were made lean (nine indexes, identifiers and digests as text after the workspace id)".into(),
         sized => describe_sized(sized, config),
     }
 }
@@ -68,6 +69,10 @@ fn describe_sized(name: &str, config: &Config) -> String {
         "pg_upsert" => format!(
             "baseline: pgbench, INSERT … ON CONFLICT of generated rows into the preloaded `conversions` itself, on {} workspaces of its own, {at}",
             crate::sized::UPSERT_WORKSPACES
+        ),
+        "pg_upsert_v1" => format!(
+            "fixed yardstick: pg_upsert into the preloaded table of the old shape (`{}`, the same rows as `conversions`), {at}",
+            crate::baselines::V1_TABLE
         ),
         "batch_ingest" => format!(
             "POST /v1/conversions/batch, 500 new conversions a batch, {at}: to its {} workspaces in proportion to their size, the largest included",
@@ -159,6 +164,7 @@ pub fn render(run: &Run) -> (Value, String) {
     let (ingest, direct, pg) = (rate("batch_ingest"), rate("direct_apply"), rate("pg_upsert"));
     let ratios = json!({
         "batch_ingest / pg_upsert": ratio(ingest, pg),
+        "batch_ingest / pg_upsert_v1": ratio(ingest, rate("pg_upsert_v1")),
         "batch_ingest / direct_apply": ratio(ingest, direct),
         "direct_apply / pg_upsert": ratio(direct, pg),
     });
@@ -260,6 +266,39 @@ pub fn render(run: &Run) -> (Value, String) {
             unit: " ms",
             scenario: leak(format!("batch_ingest_{label}")),
         });
+        // Index bytes per stored conversion against the old shape's, loaded with the same rows.
+        let (lean, old) = (
+            largest["bytes_per_conversion"]["index_bytes"].as_f64().unwrap_or(0.0),
+            largest["bytes_per_conversion_v1"]["index_bytes"].as_f64().unwrap_or(0.0),
+        );
+        if old > 0.0 {
+            targets.push(Target {
+                name: leak(format!("index bytes per conversion at {label}, below the old shape's")),
+                measured: round2(1.0 - lean / old),
+                limit: 0.35,
+                at_least: true,
+                unit: "",
+                scenario: leak(format!("batch_ingest_{label}")),
+            });
+        }
+        if get(&format!("batch_ingest_{label}_capped")).is_some() {
+            targets.push(Target {
+                name: leak(format!("batch_ingest_{label}_capped / batch_ingest_{label}")),
+                measured: ratio(rate(&format!("batch_ingest_{label}_capped")), ingest_l),
+                limit: 0.8,
+                at_least: true,
+                unit: "",
+                scenario: leak(format!("batch_ingest_{label}_capped")),
+            });
+            targets.push(Target {
+                name: leak(format!("single_200rps_{label}_capped p99")),
+                measured: round2(quantile(&format!("single_200rps_{label}_capped"), 0.99)),
+                limit: 25.0,
+                at_least: false,
+                unit: " ms",
+                scenario: leak(format!("single_200rps_{label}_capped")),
+            });
+        }
     }
     let targets_json: Vec<Value> = targets
         .iter()
@@ -304,6 +343,8 @@ pub fn render(run: &Run) -> (Value, String) {
         ratios[format!("batch_ingest_{label} / batch_ingest")] = json!(ratio(ingest_l, ingest));
         ratios[format!("batch_ingest_{label} / direct_apply_{label}")] =
             json!(ratio(ingest_l, rate(&format!("direct_apply_{label}"))));
+        ratios[format!("batch_ingest_{label} / pg_upsert_v1_{label}")] =
+            json!(ratio(ingest_l, rate(&format!("pg_upsert_v1_{label}"))));
         report.insert(format!("erase_{label}"), row["erase"].clone());
     }
     for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {
@@ -313,6 +354,8 @@ pub fn render(run: &Run) -> (Value, String) {
             json!(ratio(capped("batch_ingest"), capped("pg_upsert")));
         ratios[format!("batch_ingest_{label}_capped / batch_ingest_{label}")] =
             json!(ratio(capped("batch_ingest"), rate(&format!("batch_ingest_{label}"))));
+        ratios[format!("batch_ingest_{label}_capped / pg_upsert_v1_{label}_capped")] =
+            json!(ratio(capped("batch_ingest"), capped("pg_upsert_v1")));
     }
     report.insert("sized".into(), json!(run.sized));
     report.insert("sized_cluster".into(), run.sized_cluster.clone());
@@ -426,29 +469,31 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             }
         );
         let _ = writeln!(md, "![throughput and p99 against stored conversions](throughput_by_size.svg)\n");
-        let _ = writeln!(md, "| stored conversions | batch_ingest items/s | batch_ingest p99 ms | single_200rps p99 ms | direct_apply items/s | pg_upsert items/s | load s (copy + indexes + vacuum) | erase ms | lock held ms | same-workspace write max ms |\n|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "| stored conversions | batch_ingest items/s | batch_ingest p99 ms | single_200rps p99 ms | direct_apply items/s | pg_upsert items/s | pg_upsert_v1 items/s | load s (copy + indexes + vacuum) | erase ms | lock held ms | same-workspace write max ms |\n|---|---|---|---|---|---|---|---|---|---|---|");
         let at = |name: &str, key: &str| report[name][key].clone();
         let _ = writeln!(
             md,
-            "| 0 (empty) | {} | {} | {} | {} | {} | | | | |",
+            "| 0 (empty) | {} | {} | {} | {} | {} | {} | | | | |",
             at("batch_ingest", "items_per_s"),
             at("batch_ingest", "p99_ms"),
             at("single_200rps", "p99_ms"),
             at("direct_apply", "items_per_s"),
-            at("pg_upsert", "items_per_s")
+            at("pg_upsert", "items_per_s"),
+            at("pg_upsert_v1", "items_per_s")
         );
         for row in &run.sized {
             let l = row["label"].as_str().unwrap_or("");
             let e = &row["erase"];
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} + {} + {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} + {} + {} | {} | {} | {} |",
                 row["size"],
                 at(&format!("batch_ingest_{l}"), "items_per_s"),
                 at(&format!("batch_ingest_{l}"), "p99_ms"),
                 at(&format!("single_200rps_{l}"), "p99_ms"),
                 at(&format!("direct_apply_{l}"), "items_per_s"),
                 at(&format!("pg_upsert_{l}"), "items_per_s"),
+                at(&format!("pg_upsert_v1_{l}"), "items_per_s"),
                 row["load"]["copy_s"],
                 row["load"]["indexes_s"],
                 row["load"]["vacuum_s"],
@@ -462,13 +507,14 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             let e = &row["capped"]["erase"];
             let _ = writeln!(
                 md,
-                "| {}, capped | {} | {} | {} | {} | {} | | {} | {} | {} |",
+                "| {}, capped | {} | {} | {} | {} | {} | {} | | {} | {} | {} |",
                 row["size"],
                 at(&format!("batch_ingest_{l}_capped"), "items_per_s"),
                 at(&format!("batch_ingest_{l}_capped"), "p99_ms"),
                 at(&format!("single_200rps_{l}_capped"), "p99_ms"),
                 at(&format!("direct_apply_{l}_capped"), "items_per_s"),
                 at(&format!("pg_upsert_{l}_capped"), "items_per_s"),
+                at(&format!("pg_upsert_v1_{l}_capped"), "items_per_s"),
                 e["erase_command_ms"],
                 e["lock_held_ms"],
                 e["same_workspace_writes_meanwhile"]["max_ms"]
@@ -693,6 +739,18 @@ fn sized_storage(md: &mut String, run: &Run) {
             row["uncapped"]["wal_per_item"]["batch_ingest_bytes"],
             row["uncapped"]["wal_per_item"]["pg_upsert_bytes"]
         );
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "The same rows in a table of the old shape (`{}`, the fixed yardstick's):\n\n| stored conversions | heap | all indexes, old shape | all indexes, `conversions` | indexes below the old shape |\n|---|---|---|---|---|",
+        crate::baselines::V1_TABLE
+    );
+    for row in &run.sized {
+        let (b, v1) = (&row["bytes_per_conversion"], &row["bytes_per_conversion_v1"]);
+        let (lean, old) = (b["index_bytes"].as_f64().unwrap_or(0.0), v1["index_bytes"].as_f64().unwrap_or(0.0));
+        let below = if old > 0.0 { format!("{:.0} %", (1.0 - lean / old) * 100.0) } else { String::new() };
+        let _ = writeln!(md, "| {} | {} | {} | {} | {below} |", row["size"], v1["heap_bytes"], old, lean);
     }
     let _ = writeln!(md);
     for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {

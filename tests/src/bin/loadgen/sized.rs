@@ -100,6 +100,7 @@ impl Preloaded {
             .status()?;
         anyhow::ensure!(status.success(), "intake-writer migrate failed on {name}");
         let db = PgPoolOptions::new().max_connections(4).connect(&url).await?;
+        sqlx::raw_sql(&baselines::v1_table(baselines::V1_TABLE)).execute(&db).await?;
         let ids: Vec<String> = (0..WORKSPACES).map(workspace_id).collect();
         let upsert_ids: Vec<String> = (0..UPSERT_WORKSPACES).map(|w| format!("ws_pgu_{w}")).collect();
         sqlx::query(
@@ -159,9 +160,10 @@ impl Preloaded {
         sqlx::query("SET session_replication_role = replica").execute(&mut conn).await?;
         let indexes: Vec<(String, String)> = sqlx::query_as(
             "SELECT indexname::text, indexdef FROM pg_indexes
-              WHERE schemaname = 'public' AND tablename IN ('conversions', 'visits')
+              WHERE schemaname = 'public' AND tablename IN ('conversions', 'visits', $1)
                 AND indexname NOT IN (SELECT conname FROM pg_constraint)",
         )
+        .bind(baselines::V1_TABLE)
         .fetch_all(&mut conn)
         .await?;
         for (name, _) in &indexes {
@@ -176,6 +178,11 @@ impl Preloaded {
                  contact_id, email_sha256, phone_sha256, country, value, currency",
             ),
             ("visits", "workspace_id, visitor_id, click_id, recipient_id, visited_at, page"),
+            (
+                baselines::V1_TABLE,
+                "id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at, visitor_id, click_id, \
+                 contact_id, email_sha256, phone_sha256, country, value, currency",
+            ),
         ] {
             let mut copy = conn.copy_in_raw(&format!("COPY {table} ({columns}) FROM STDIN")).await?;
             let mut buffer = String::with_capacity(1 << 20);
@@ -236,7 +243,7 @@ fn row(out: &mut String, table: &str, ws: &str, i: u64, j: u64, now_s: i64) {
                 let _ = writeln!(out, "chn_s{i}_{j}\t{ws}\t2025-01-01 00:00:00+00");
             }
         }
-        "conversions" => {
+        "conversions" | baselines::V1_TABLE => {
             let (event, parent) =
                 if j % 3 == 2 { ("purchase", format!("ext-{}", j - 1)) } else { ("lead", "\\N".to_owned()) };
             let click = if j.is_multiple_of(4) { hex(i * 31 + j, 2, 12) } else { "\\N".to_owned() };
@@ -392,12 +399,16 @@ pub async fn scenarios_at(
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;
     let mut scenarios = Vec::new();
     let mut proofs = intake_tests::serde_json::Map::new();
-    crate::say(&format!("batch_ingest and pg_upsert at {tag}, in turns"));
+    crate::say(&format!("batch_ingest, pg_upsert and pg_upsert_v1 at {tag}, in turns"));
     let proof = Proof::start(capped, &preloaded.db).await?;
-    let (ingest, upsert, wal) = ingest_and_upsert_in_turns(config, &stack, &roles, &plans, preloaded).await?;
-    proofs.insert(format!("batch_ingest and pg_upsert_{}{suffix}", label(size)), Proof::finish(proof).await?);
+    let (ingest, upsert, v1, wal) = ingest_and_upsert_in_turns(config, &stack, &roles, &plans, preloaded).await?;
+    proofs.insert(
+        format!("batch_ingest, pg_upsert, pg_upsert_v1 at {}{suffix}", label(size)),
+        Proof::finish(proof).await?,
+    );
     scenarios.push((name("batch_ingest"), ingest));
     scenarios.push((name("pg_upsert"), upsert));
+    scenarios.push((name("pg_upsert_v1"), v1));
     crate::settle(&preloaded.url).await?;
     crate::warm_singles(
         &crate::targets(&stack),
@@ -454,7 +465,8 @@ pub async fn scenarios_at(
     Ok((scenarios, extra))
 }
 
-/// `batch_ingest` and its ceiling `pg_upsert` (into the preloaded conversions), measured in
+/// `batch_ingest`, its ceiling `pg_upsert` (into the preloaded conversions) and the fixed
+/// yardstick `pg_upsert_v1` (into the preloaded table of the old shape), measured in
 /// alternating turns that add up to the scenario's time each, so that their ratio compares the
 /// same stretch of the run: on a shared machine, and with the tables growing and checkpoints
 /// falling where they will, two 30-second runs one after the other differ by a fifth.
@@ -464,11 +476,12 @@ async fn ingest_and_upsert_in_turns(
     roles: &Roles,
     plans: &Plans,
     preloaded: &Preloaded,
-) -> anyhow::Result<(Scenario, Scenario, Value)> {
+) -> anyhow::Result<(Scenario, Scenario, Scenario, Value)> {
     let database_url = preloaded.url.as_str();
     // The WAL written during each kind of turn, for the bytes per item it costs; the cluster's
     // other WAL meanwhile (autovacuum, a checkpoint's) counts too, as it would in service.
     let (mut ingest_wal, mut upsert_wal) = (0i64, 0i64);
+    let (mut v1_turns, mut v1_cores) = (Vec::new(), Vec::new());
     let turns = if config.seconds >= 15 { 3 } else { 1 };
     let turn = Duration::from_secs(config.seconds / turns);
     let plan = plans.batch_ingest(
@@ -492,14 +505,21 @@ async fn ingest_and_upsert_in_turns(
         upsert_wal += crate::capped::wal_lsn(&preloaded.db).await? - wal_after;
         upsert_cores.push(cores);
         upsert_turns.push(measured);
+        let (measured, cores) =
+            baselines::pg_upsert_v1_into_preloaded(database_url, roles, turn, config.pg_clients, &config.out_dir)
+                .await?;
+        v1_cores.push(cores);
+        v1_turns.push(measured);
     }
     let joined = |turns: Vec<Measured>| turns.into_iter().reduce(Measured::followed_by);
-    let (Some(mut ingest), Some(mut upsert)) = (joined(ingest_turns), joined(upsert_turns)) else {
+    let (Some(mut ingest), Some(mut upsert), Some(mut v1)) =
+        (joined(ingest_turns), joined(upsert_turns), joined(v1_turns))
+    else {
         anyhow::bail!("no turn was run")
     };
     let writer =
         crate::stages::between(&before, &crate::stages::read(stack).await, ingest.elapsed, stack.writer_ops_urls.len());
-    for measured in [&mut ingest, &mut upsert] {
+    for measured in [&mut ingest, &mut upsert, &mut v1] {
         measured.concurrency = format!("{}, in {turns} turns of {} s", measured.concurrency, turn.as_secs());
     }
     let per_item = |bytes: i64, items: u64| round1(bytes as f64 / items.max(1) as f64);
@@ -520,6 +540,7 @@ async fn ingest_and_upsert_in_turns(
             cores: crate::machine::mean_cores(&upsert_cores),
             writer: None,
         },
+        Scenario { measured: v1, counted: Counted::Items, cores: crate::machine::mean_cores(&v1_cores), writer: None },
         wal,
     ))
 }
