@@ -232,7 +232,10 @@ export DATABASE_URL="$(database_url "$database")"
 
 say "building the release binaries ($CARGO_TARGET_DIR/release)"
 (cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
-export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release"
+# A copy of what was just built: the shared target's binaries can be rebuilt from someone's
+# working tree during the run, and a run at size would then measure another writer.
+export INTAKE_BIN_DIR="$INTAKE_HOME/bench-bin"
+ab_copy_bins "$CARGO_TARGET_DIR/release" "$INTAKE_BIN_DIR"
 "$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
 export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
 export INTAKE_BENCH_CLUSTER_DIR="${INTAKE_BENCH_CLUSTER_DIR:-$INTAKE_HOME/bench-cluster}"
