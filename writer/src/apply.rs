@@ -419,7 +419,7 @@ pub mod testing {
     use super::*;
     use crate::inbox::testing::RecordedPartitions;
     use crate::outbox::testing::MemorySender;
-    use crate::read::Reader;
+    use crate::schedule::Queued;
     use crate::store::Applied;
     use intake_common::message::{ItemResult, WriteResult};
     use std::collections::HashSet;
@@ -508,7 +508,6 @@ pub mod testing {
 
     pub struct Rig {
         pub worker: Arc<Worker>,
-        pub reader: Reader,
         pub store: Arc<MemoryStore>,
         pub sender: Arc<MemorySender>,
         pub partitions: Arc<RecordedPartitions>,
@@ -530,11 +529,10 @@ pub mod testing {
             replies_topic: "replies".into(),
             dlq_topic: "dlq".into(),
         };
-        let scheduler = Arc::new(Scheduler::new(1 << 30, 64));
         let worker = Arc::new(Worker {
             store: store.clone(),
             outbox: Arc::new(Outbox::new(sender.clone(), &kafka, policy, metrics.clone())),
-            scheduler: scheduler.clone(),
+            scheduler: Arc::new(Scheduler::new(1 << 30, 64)),
             partitions: partitions.clone(),
             metrics,
             policy,
@@ -544,11 +542,18 @@ pub mod testing {
                 left: AtomicU32::new(times),
             }),
         });
-        let reader = Reader { partitions: partitions.clone(), scheduler };
-        Rig { worker, reader, store, sender, partitions }
+        Rig { worker, store, sender, partitions }
     }
 
     impl Rig {
+        /// Queues a message for its workspace, as the reader does.
+        pub fn read(&self, message: &impl rdkafka::message::Message) {
+            let (inbound, bytes) = Inbound::read(message);
+            let workspace_id = inbound.workspace_id().to_owned();
+            let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
+            self.worker.scheduler.push(&workspace_id, queued);
+        }
+
         /// The worker answers the next group.
         pub async fn step(&self) {
             let taken = self.worker.scheduler.take().await;
@@ -589,7 +594,7 @@ mod tests {
     async fn a_workspaces_messages_are_applied_together_answered_and_their_offsets_stored() {
         let rig = rig(Duration::from_secs(60), None);
         for (offset, id) in ["c1", "c2", "c3"].into_iter().enumerate() {
-            rig.reader.take(&message(&request("ws_a", id, 2), 0, i64::try_from(offset).unwrap_or(0), 0));
+            rig.read(&message(&request("ws_a", id, 2), 0, i64::try_from(offset).unwrap_or(0), 0));
         }
         rig.step().await;
         assert_eq!(rig.store.runs(), vec![vec!["c1", "c2", "c3"]], "one transaction");
@@ -609,7 +614,7 @@ mod tests {
     async fn a_busy_workspace_waits_unanswered_and_past_the_bound_its_wait_is_no_progress() {
         let rig = rig(Duration::from_millis(60), None);
         rig.store.busy.store(true, Ordering::SeqCst);
-        rig.reader.take(&message(&request("ws_a", "c1", 1), 4, 0, 0));
+        rig.read(&message(&request("ws_a", "c1", 1), 4, 0, 0));
         rig.step().await;
         assert!(rig.replies().is_empty() && rig.partitions.stored.lock().is_ok_and(|s| s.is_empty()));
         assert_eq!(RecordedPartitions::take(&rig.partitions.progressed), vec![4], "a short wait is progress");
@@ -637,7 +642,7 @@ mod tests {
         let rig = rig(Duration::from_secs(60), None);
         rig.store.refused.lock().unwrap_or_else(|e| e.into_inner()).insert("c2".into());
         for (offset, id) in ["c1", "c2", "c3"].into_iter().enumerate() {
-            rig.reader.take(&message(&request("ws_a", id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
+            rig.read(&message(&request("ws_a", id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
         }
         rig.step().await;
         assert_eq!(rig.store.runs(), vec![vec!["c1"], vec!["c3"]]);
@@ -668,9 +673,9 @@ mod tests {
         part(&mut first, "req", 0);
         part(&mut second, "req", 1);
         first.deadline_ms = 10;
-        rig.reader.take(&message(&first, 0, 0, 11));
-        rig.reader.take(&message(&second, 0, 1, 5));
-        rig.reader.take(&message(&request("ws_a", "other", 1), 0, 2, 5));
+        rig.read(&message(&first, 0, 0, 11));
+        rig.read(&message(&second, 0, 1, 5));
+        rig.read(&message(&request("ws_a", "other", 1), 0, 2, 5));
         rig.step().await;
         assert_eq!(
             rig.replies(),
@@ -687,8 +692,8 @@ mod tests {
     async fn an_unreadable_message_is_dead_lettered_as_it_came_its_request_failed_and_answered() {
         let rig = rig(Duration::from_secs(60), None);
         let unknown = br#"{"v":"9","correlation_id":"u1","reply_partition":0,"workspace_id":"ws_a","request":{"id":"req","index":0}}"#;
-        rig.reader.take(&raw(b"ws_a", unknown.to_vec(), 2, 0, 0));
-        rig.reader.take(&raw(b"ws_a", b"\xff".to_vec(), 2, 1, 0));
+        rig.read(&raw(b"ws_a", unknown.to_vec(), 2, 0, 0));
+        rig.read(&raw(b"ws_a", b"\xff".to_vec(), 2, 1, 0));
         rig.step().await;
         assert_eq!(rig.replies(), vec![reply("u1", 0, "failed")], "the one whose envelope says where");
         let letters = rig.sender.sent_to("dlq");
@@ -705,8 +710,8 @@ mod tests {
         let rig = rig(Duration::from_secs(60), None);
         let mut lost = request("ws_a", "lost", 1);
         lost.reply_partition = 7;
-        rig.reader.take(&message(&lost, 0, 0, 0));
-        rig.reader.take(&message(&request("ws_a", "next", 1), 0, 1, 0));
+        rig.read(&message(&lost, 0, 0, 0));
+        rig.read(&message(&request("ws_a", "next", 1), 0, 1, 0));
         rig.step().await;
         assert_eq!(rig.replies(), vec![reply("next", 1, "applied")]);
         assert_eq!(rig.store.runs(), vec![vec!["next"]]);

@@ -293,9 +293,9 @@ mod tests {
     #[tokio::test]
     async fn a_worker_that_dies_is_started_again_and_the_workspace_it_held_is_answered() {
         let rig = rig(Duration::from_secs(60), Some(("ws_a", 1)));
-        rig.reader.take(&message(&request("ws_a", "a1", 1), 0, 0, 0));
-        rig.reader.take(&message(&request("ws_a", "a2", 1), 0, 1, 0));
-        rig.reader.take(&message(&request("ws_b", "b1", 1), 1, 0, 0));
+        rig.read(&message(&request("ws_a", "a1", 1), 0, 0, 0));
+        rig.read(&message(&request("ws_a", "a2", 1), 0, 1, 0));
+        rig.read(&message(&request("ws_b", "b1", 1), 1, 0, 0));
         let restarts = supervised(&rig, 3).await;
         assert_eq!(restarts.get(), 1);
         let mut applied: Vec<String> = rig.store.runs().concat();
@@ -309,8 +309,8 @@ mod tests {
         // Deaths: on the group of both messages, then twice on the first alone (it is given
         // up on: the policy's 2 attempts), then once on the second alone, which then applies.
         let rig = rig(Duration::from_secs(60), Some(("ws_a", 3)));
-        rig.reader.take(&message(&request("ws_a", "a1", 1), 0, 0, 0));
-        rig.reader.take(&message(&request("ws_a", "a2", 1), 0, 1, 0));
+        rig.read(&message(&request("ws_a", "a1", 1), 0, 0, 0));
+        rig.read(&message(&request("ws_a", "a2", 1), 0, 1, 0));
         let restarts = supervised(&rig, 2).await;
         assert_eq!(restarts.get(), 3);
         assert_eq!(rig.replies().iter().map(|r| r.2.as_str()).collect::<Vec<_>>(), ["failed", "applied"]);

@@ -20,3 +20,38 @@ pub fn expired(message: &impl Message, request: &WriteRequestV1) -> bool {
         Timestamp::CreateTime(_) | Timestamp::NotAvailable => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox::testing::{message, request};
+    use rdkafka::message::OwnedMessage;
+
+    fn stamped(deadline_ms: i64, timestamp: Timestamp) -> (OwnedMessage, WriteRequestV1) {
+        let mut chunk = request("ws", "c", 1);
+        chunk.deadline_ms = deadline_ms;
+        let appended = message(&chunk, 0, 0, 0);
+        let stamped = OwnedMessage::new(
+            appended.payload().map(<[u8]>::to_vec),
+            appended.key().map(<[u8]>::to_vec),
+            "requests".into(),
+            timestamp,
+            0,
+            0,
+            None,
+        );
+        (stamped, chunk)
+    }
+
+    #[test]
+    fn a_chunk_is_expired_only_when_the_broker_appended_it_after_its_deadline() {
+        let at = |timestamp| {
+            let (message, chunk) = stamped(1_000, timestamp);
+            expired(&message, &chunk)
+        };
+        assert!(!at(Timestamp::LogAppendTime(1_000)), "at the deadline");
+        assert!(at(Timestamp::LogAppendTime(1_001)));
+        assert!(!at(Timestamp::CreateTime(5_000)), "a producer's clock is not trusted");
+        assert!(!at(Timestamp::NotAvailable));
+    }
+}
