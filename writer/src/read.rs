@@ -38,7 +38,10 @@ impl Reader {
             let received = tokio::select! {
                 biased;
                 () = shutdown_asked(shutdown) => return,
-                _ = poll.tick() => continue,
+                _ = poll.tick() => {
+                    self.rebalanced();
+                    continue;
+                }
                 received = consumer.recv() => received,
             };
             match received {
@@ -51,11 +54,17 @@ impl Reader {
         }
     }
 
+    /// After a rebalance, drops what was read before it and resumes what was paused; checked
+    /// also while no message arrives, so that a pause kept across the partitions' revocation and
+    /// assignment does not wait for a message to end.
+    fn rebalanced(&self) {
+        self.partitions.resume(&self.scheduler.rebalanced(self.partitions.generation()));
+    }
+
     /// Queues one message for its workspace (after a rebalance, the messages read before it are
     /// dropped first) and pauses what the scheduler says to pause.
     pub fn take(&self, message: &impl Message) {
-        let generation = self.partitions.generation();
-        self.partitions.resume(&self.scheduler.rebalanced(generation));
+        self.rebalanced();
         let (inbound, bytes) = Inbound::read(message);
         let workspace_id = inbound.workspace_id().to_owned();
         let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };

@@ -296,11 +296,10 @@ impl<M> Scheduler<M> {
         let Group { workspace_id, mut messages, .. } = group;
         let unanswered = messages.split_off(answered.min(messages.len()));
         let mut afterwards = Afterwards::default();
-        let unanswered_bytes: usize = unanswered.iter().map(|q| q.bytes).sum();
-        state.queued_bytes += unanswered_bytes;
-        let State { workspaces, ready, partitions, .. } = &mut *state;
+        let State { workspaces, ready, partitions, queued_bytes, .. } = &mut *state;
         let Some(workspace) = workspaces.get_mut(&workspace_id) else { return afterwards };
         workspace.taken = false;
+        *queued_bytes += unanswered.iter().map(|q| q.bytes).sum::<usize>();
         let mut touched = BTreeSet::new();
         for queued in &messages {
             workspace.bytes -= queued.bytes;
