@@ -37,7 +37,7 @@ pub fn intake_send() -> Command {
 /// local port of some outgoing connection never takes a listener's port while the listener is
 /// down (a killed gateway restarted on its port, PostgreSQL or a broker started again): that
 /// made the fault tests fail about one run in ten. 20000-28999 for `free_port`, 29000-29999 for
-/// the fault harness's fixed ports (deploy/faults.sh), 30000-32767 for `KafkaCluster`.
+/// the fault harness's fixed ports (deploy/faults.sh), 30000-32767 for a `KafkaCluster` of a test.
 pub const FREE_PORTS: std::ops::Range<u16> = 20_000..29_000;
 
 /// Polls `condition` every 20 ms until it holds; panics saying `what` did not happen within
@@ -930,8 +930,10 @@ impl Drop for PrivatePostgres {
     }
 }
 
-/// Three Apache Kafka nodes (KRaft, broker and controller in each) of a test's own on loopback,
-/// started by `deploy/lib.sh`'s `start_kafka_cluster`; killed and removed on drop.
+/// A Kafka cluster of a test's own, for a test that takes every broker down: one node (KRaft,
+/// broker and controller) on loopback, started by `deploy/lib.sh`'s `kafka_node`; killed and
+/// removed on drop. (The leader of a partition killed in a cluster of three is a scenario of the
+/// fault harness, deploy/faults.sh.)
 pub struct KafkaCluster {
     pub dir: PathBuf,
     pub base_port: u16,
@@ -948,21 +950,28 @@ impl KafkaCluster {
         let first = (ulid::Ulid::new().random() % u128::from(SLOTS)) as u16;
         let base_port = (0..SLOTS)
             .map(|i| 30_000 + ((first + i) % SLOTS) * 20)
-            .find(|base| (0..13).all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()))
+            .find(|base| [0, 10].iter().all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok()))
             .unwrap_or_else(|| panic!("no free ports for a Kafka cluster"));
         let mut cluster = KafkaCluster { dir, base_port, bootstrap: String::new() };
-        let bootstrap = cluster.run_lib("start_kafka_cluster").unwrap_or_else(|e| panic!("{e:#}"));
-        cluster.bootstrap = bootstrap.trim().to_owned();
+        let bootstrap = cluster.start_what_is_down().unwrap_or_else(|e| panic!("{e:#}"));
+        cluster.bootstrap = bootstrap.lines().last().unwrap_or_default().trim().to_owned();
         cluster
     }
 
-    fn run_lib(&self, function: &str) -> Result<String> {
+    /// Starts the node if it is down; prints the bootstrap server.
+    fn start_what_is_down(&self) -> Result<String> {
         let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
-        let script = format!("source {} && {function} {} {}", lib.display(), self.dir.display(), self.base_port);
+        let (dir, base) = (self.dir.display(), self.base_port);
+        let script = format!(
+            "source {} && RUN={dir}/run LOGS={dir}/logs && mkdir -p $RUN $LOGS \
+             && kafka_node kafka-1 1 {base} {} standalone {dir}/kafka-1 && echo 127.0.0.1:{base}",
+            lib.display(),
+            base + 10
+        );
         let output = Command::new("bash").args(["-c", &script]).stdin(Stdio::null()).output().context("bash")?;
         if !output.status.success() {
             bail!(
-                "{function} failed: {}{}",
+                "starting Kafka failed: {}{}",
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr)
             );
@@ -970,41 +979,21 @@ impl KafkaCluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// The node (1 to 3) that leads a partition now.
-    pub fn leader(&self, topic: &str, partition: u32) -> i32 {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .create()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap_or_else(|e| panic!("{e}"));
-        metadata.topics()[0].partitions().iter().find(|p| p.id() as u32 == partition).map(|p| p.leader()).unwrap_or(-1)
-    }
-
-    /// SIGKILL to every node.
-    pub fn kill_all(&self) {
-        for node in 1..=3 {
-            self.kill(node);
-        }
-    }
-
-    /// SIGKILL to one node.
-    pub fn kill(&self, node: i32) {
-        let pid = std::fs::read_to_string(self.dir.join("run").join(format!("kafka-{node}.pid"))).unwrap_or_default();
+    /// SIGKILL to the node.
+    pub fn kill(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("run").join("kafka-1.pid")).unwrap_or_default();
         let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
     }
 
-    /// Starts again whichever node is down.
+    /// Starts the node again if it is down.
     pub fn restart_stopped(&self) {
-        self.run_lib("start_kafka_cluster").unwrap_or_else(|e| panic!("{e:#}"));
+        self.start_what_is_down().unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
-        for node in 1..=3 {
-            self.kill(node);
-        }
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
