@@ -8,6 +8,9 @@
 #   deploy/faults.sh                       every scenario, 15 s outages
 #   deploy/faults.sh --short               the shortened form the test suite runs
 #   deploy/faults.sh --seed=7 --outage-s=20 --scenarios=writer_kill,postgres_stop
+#   deploy/faults.sh --long-outage --workspaces=1000 [--outage-s=300 --clients=32]
+#                                          PostgreSQL stopped for minutes under load from many
+#                                          workspaces through 3 gateways (tests/src/bin/outage.rs)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
@@ -21,7 +24,11 @@ KAFKA_BASE="${FAULTS_KAFKA_BASE_PORT:-29092}"
 PARTITION_USER=intake-faults
 
 args=("$@")
-if [ "${1:-}" = --short ]; then
+program=faults
+if [ "${1:-}" = --long-outage ]; then
+    program=outage
+    args=("${@:2}")
+elif [ "${1:-}" = --short ]; then
     args=(--scenarios=writer_kill,broker_leader_kill,postgres_stop --outage-s=4 --self-check)
 fi
 
@@ -81,4 +88,4 @@ env DATABASE_URL="$(database_url intake_faults)" INTAKE_KAFKA_BROKERS="$brokers"
     FAULTS_DIR="$SCRATCH" FAULTS_PG_DATA="$SCRATCH/pg" FAULTS_PG_PORT="$PG_PORT" FAULTS_REDIS_PORT="$REDIS_PORT" \
     FAULTS_KAFKA_DIR="$SCRATCH/kafka" FAULTS_KAFKA_BASE_PORT="$KAFKA_BASE" FAULTS_LIB="$HERE/lib.sh" \
     FAULTS_PARTITION_USER="$PARTITION_USER" \
-    "$BIN/faults" "${args[@]}"
+    "$BIN/$program" "${args[@]}"

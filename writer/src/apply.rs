@@ -520,18 +520,10 @@ pub mod testing {
         let sender = Arc::new(MemorySender::new(2));
         let partitions = Arc::new(RecordedPartitions::default());
         let metrics = Arc::new(Metrics::new());
-        let policy =
-            Policy { max_attempts: 2, first_backoff: Duration::from_millis(1), max_backoff: Duration::from_millis(2) };
-        let kafka = intake_common::config::KafkaArgs {
-            brokers: String::new(),
-            options: Vec::new(),
-            requests_topic: "requests".into(),
-            replies_topic: "replies".into(),
-            dlq_topic: "dlq".into(),
-        };
+        let policy = crate::outbox::testing::policy();
         let worker = Arc::new(Worker {
             store: store.clone(),
-            outbox: Arc::new(Outbox::new(sender.clone(), &kafka, policy, metrics.clone())),
+            outbox: Arc::new(crate::outbox::testing::outbox(sender.clone(), metrics.clone())),
             scheduler: Arc::new(Scheduler::new(1 << 30, 64)),
             partitions: partitions.clone(),
             metrics,

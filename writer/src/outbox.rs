@@ -343,11 +343,31 @@ fn reply_payload(correlation_id: &str, outcome: &ChunkOutcome) -> Vec<u8> {
 pub mod testing {
     //! A producer double: it records what it was given and fails as it is told.
 
-    use super::{Delivery, Record, Sender};
+    use super::{Delivery, Outbox, Record, Sender};
     use crate::inbox::BoxFuture;
+    use crate::metrics::Metrics;
+    use crate::retry::Policy;
     use rdkafka::error::KafkaError;
     use std::collections::VecDeque;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Two attempts, a millisecond apart.
+    pub fn policy() -> Policy {
+        Policy { max_attempts: 2, first_backoff: Duration::from_millis(1), max_backoff: Duration::from_millis(2) }
+    }
+
+    /// An outbox on `sender`, with the topics `requests`, `replies` and `dlq`.
+    pub fn outbox(sender: Arc<MemorySender>, metrics: Arc<Metrics>) -> Outbox {
+        let kafka = intake_common::config::KafkaArgs {
+            brokers: String::new(),
+            options: Vec::new(),
+            requests_topic: "requests".into(),
+            replies_topic: "replies".into(),
+            dlq_topic: "dlq".into(),
+        };
+        Outbox::new(sender, &kafka, policy(), metrics)
+    }
 
     /// A record as the brokers took it.
     #[derive(Debug, Clone)]
@@ -420,19 +440,8 @@ mod tests {
     use intake_common::message::WriteRequest;
     use rdkafka::types::RDKafkaErrorCode;
 
-    fn policy() -> Policy {
-        Policy { max_attempts: 2, first_backoff: Duration::from_millis(1), max_backoff: Duration::from_millis(2) }
-    }
-
     fn outbox(sender: Arc<MemorySender>) -> Outbox {
-        let kafka = intake_common::config::KafkaArgs {
-            brokers: String::new(),
-            options: Vec::new(),
-            requests_topic: "requests".into(),
-            replies_topic: "replies".into(),
-            dlq_topic: "dlq".into(),
-        };
-        Outbox::new(sender, &kafka, policy(), Arc::new(Metrics::new()))
+        super::testing::outbox(sender, Arc::new(Metrics::new()))
     }
 
     /// A shutdown that is never asked (its sender kept: a dropped one reads as asked).
