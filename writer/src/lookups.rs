@@ -1,20 +1,27 @@
 //! The statements that look a person's rows up by identifier: matching's and erasure's. Each is
-//! a union of lookups that one index answers (migrations 0001 and 0003), not one condition
-//! ORed across columns, which the planner may answer by scanning the whole workspace. Kept
-//! apart and free of dependencies so that `tests/tests/indexed_lookups.rs` EXPLAINs the very
-//! text the writer runs, on tables of realistic size.
+//! a union of lookups that one index answers (migrations 0001, 0003 and 0010 to 0012), not one
+//! condition ORed across columns, which the planner may answer by scanning the whole workspace.
+//! Email and phone digests and visitor ids are looked up through indexes of an 8-byte hash of
+//! the value (`hashtextextended`), a third of an index of the value itself; each row found is
+//! checked against the value and the workspace. Kept apart and free of dependencies so that
+//! `tests/tests/indexed_lookups.rs` EXPLAINs the very text the writer runs, on tables of
+//! realistic size.
 
 /// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
 /// identifiers they carry (visitor id: its 16 characters).
 pub const PERSON_BY_EMAIL: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
-     phone_sha256 FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND email_sha256 = $2";
+     phone_sha256 FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL
+     AND hashtextextended(email_sha256, 0) = hashtextextended($2, 0) AND email_sha256 = $2";
 pub const PERSON_BY_PHONE: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
-     phone_sha256 FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND phone_sha256 = $2";
+     phone_sha256 FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL
+     AND hashtextextended(phone_sha256, 0) = hashtextextended($2, 0) AND phone_sha256 = $2";
 pub const PERSON_BY_CONTACT: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
      email_sha256, phone_sha256 FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = $2";
 pub const PERSON_BY_VISITOR: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
      email_sha256, phone_sha256 FROM conversions
-     WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND left(visitor_id, 16) = left($2, 16)";
+     WHERE workspace_id = $1 AND visitor_id IS NOT NULL
+       AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
+       AND left(visitor_id, 16) = left($2, 16)";
 
 /// One step out (docs/architecture.md, "Privacy"): the conversions of workspace `$1` that are `$2` or carry one of the
 /// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
@@ -23,16 +30,22 @@ pub const PERSON_ONE_STEP: &str = "
       FROM conversions WHERE workspace_id = $1 AND id = ANY($2)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND left(visitor_id, 16) = ANY($3)
+      FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL
+       AND hashtextextended(left(visitor_id, 16), 0) = ANY(ARRAY(SELECT hashtextextended(v, 0) FROM unnest($3::text[]) AS v))
+       AND left(visitor_id, 16) = ANY($3)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = ANY($4)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND email_sha256 = ANY($5)
+      FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL
+       AND hashtextextended(email_sha256, 0) = ANY(ARRAY(SELECT hashtextextended(h, 0) FROM unnest($5::text[]) AS h))
+       AND email_sha256 = ANY($5)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND phone_sha256 = ANY($6)";
+      FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL
+       AND hashtextextended(phone_sha256, 0) = ANY(ARRAY(SELECT hashtextextended(h, 0) FROM unnest($6::text[]) AS h))
+       AND phone_sha256 = ANY($6)";
 
 /// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
 /// (their contact ids), and those matched to their conversions `$5`. Their matches go with them
