@@ -11,6 +11,12 @@
 #   deploy/faults.sh --long-outage --workspaces=1000 [--outage-s=300 --clients=32]
 #                                          PostgreSQL stopped for minutes under load from many
 #                                          workspaces through 3 gateways (tests/src/bin/outage.rs)
+#   deploy/faults.sh --ha [--scenarios=ha_primary_kill,...]
+#                                          the database as the HA layout (deploy/ha.sh: etcd x3,
+#                                          Patroni x3, HAProxy on the primary's port) and its
+#                                          faults: ha_primary_kill, ha_primary_cut, ha_switchover,
+#                                          ha_standby_kill, ha_etcd_kill, ha_patroni_freeze
+#                                          (tests/src/bin/faults/ha.rs)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
@@ -25,7 +31,17 @@ PARTITION_USER=intake-faults
 
 args=("$@")
 program=faults
-if [ "${1:-}" = --long-outage ]; then
+ha=""
+if [ "${1:-}" = --ha ]; then
+    ha=1
+    args=("${@:2}")
+    # The layout's own ports from here (deploy/ha.sh ha_port: base+0..55), the primary on
+    # PG_PORT; a short-lived layout: no WAL archive, small nodes.
+    HA_BASE="${FAULTS_HA_BASE_PORT:-29500}"
+    # For deploy/ha.sh here and for the harness's calls of it.
+    HA_BACKUPS=0 HA_SHARED_BUFFERS=128MB
+    export INTAKE_HA_BACKUPS=0 INTAKE_HA_SHARED_BUFFERS=128MB
+elif [ "${1:-}" = --long-outage ]; then
     program=outage
     args=("${@:2}")
 elif [ "${1:-}" = --short ]; then
@@ -36,6 +52,10 @@ cleanup() {
     local status=$?
     set +e
     iptables -D OUTPUT -o lo -p tcp -m owner --uid-owner "$PARTITION_USER" --dport "$KAFKA_BASE:$((KAFKA_BASE + 12))" -j DROP 2>/dev/null
+    # The rules of an HA scenario that cut a node off (tagged with the scratch folder).
+    iptables-save 2>/dev/null | grep -F -- "intake-faults:$SCRATCH" | sed 's/^-A /-D /' \
+        | while read -r rule; do eval "iptables $rule"; done
+    [ -n "$ha" ] && stop_ha_at_once
     for pid in "$SCRATCH"/kafka/run/*.pid; do [ -f "$pid" ] && kill -KILL "$(cat "$pid")" 2>/dev/null; done
     # The harness's gateways and writers, should it have died before stopping them.
     pkill -KILL -f "^$SCRATCH/bin/" 2>/dev/null
@@ -56,13 +76,32 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The HA layout killed at once: Patroni first, so that it restarts nothing; each postmaster
+# shut down immediately (it removes its shared memory, which a SIGKILL leaves); then whatever
+# is left of each node, HAProxy and etcd.
+stop_ha_at_once() {
+    local n group postmaster file
+    for n in 1 2 3; do
+        group="$(cat "$SCRATCH/run/ha-node-$n.pid" 2>/dev/null)" && kill -CONT -- "-$group" 2>/dev/null && kill -KILL -- "-$group" 2>/dev/null
+        postmaster="$(head -n 1 "$SCRATCH/ha/node-$n/data/postmaster.pid" 2>/dev/null)"
+        [ -n "$postmaster" ] && kill -QUIT "$postmaster" 2>/dev/null
+    done
+    sleep 2
+    for n in 1 2 3; do ha_node_signal "$SCRATCH" "$n" KILL; done
+    for file in "$SCRATCH"/run/ha-*.pid; do [ -f "$file" ] && kill -KILL "$(cat "$file")" 2>/dev/null; done
+}
+
 install_packages
-command -v iptables >/dev/null || { as_root apt-get update -qq; as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null; }
+command -v iptables >/dev/null || apt_install iptables
 id -u "$PARTITION_USER" >/dev/null 2>&1 || as_root useradd --system --no-create-home --shell /usr/sbin/nologin "$PARTITION_USER"
 install_kafka
 started=$SECONDS
-# PostgreSQL and Redis start while the brokers do.
-start_postgres & postgres=$!
+# PostgreSQL (or its HA layout) and Redis start while the brokers do.
+if [ -n "$ha" ]; then
+    start_ha_cluster "$SCRATCH" "$HA_BASE" "$PG_PORT" >/dev/null & postgres=$!
+else
+    start_postgres & postgres=$!
+fi
 start_redis & redis=$!
 brokers="$(start_kafka_cluster "$SCRATCH/kafka" "$KAFKA_BASE" | tail -n 1)"
 wait "$postgres" && wait "$redis"
@@ -82,10 +121,12 @@ mkdir -p "$SCRATCH/bin"
 cp "$BIN/intake-gateway" "$BIN/intake-writer" "$SCRATCH/bin/"
 chmod -R a+rx "$SCRATCH/bin"
 
+ha_env=()
+[ -n "$ha" ] && ha_env=(FAULTS_HA_DIR="$SCRATCH" FAULTS_HA_BASE_PORT="$HA_BASE")
 say "running the scenarios (${args[*]:-all})"
 env DATABASE_URL="$(database_url intake_faults)" INTAKE_KAFKA_BROKERS="$brokers" \
     INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT" INTAKE_BIN_DIR="$SCRATCH/bin" \
     FAULTS_DIR="$SCRATCH" FAULTS_PG_DATA="$SCRATCH/pg" FAULTS_PG_PORT="$PG_PORT" FAULTS_REDIS_PORT="$REDIS_PORT" \
     FAULTS_KAFKA_DIR="$SCRATCH/kafka" FAULTS_KAFKA_BASE_PORT="$KAFKA_BASE" FAULTS_LIB="$HERE/lib.sh" \
-    FAULTS_PARTITION_USER="$PARTITION_USER" \
+    FAULTS_PARTITION_USER="$PARTITION_USER" "${ha_env[@]}" \
     "$BIN/$program" "${args[@]}"

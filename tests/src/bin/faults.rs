@@ -10,6 +10,9 @@
 //! FAULTS_KAFKA_BASE_PORT, FAULTS_LIB (deploy/lib.sh), FAULTS_PARTITION_USER (optional).
 
 use intake_tests::serde_json::{json, Value};
+#[path = "faults/ha.rs"]
+mod ha;
+
 use intake_tests::{free_port, same_decimal};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -418,6 +421,8 @@ enum Fault {
     /// PostgreSQL restored from a backup taken before some writes were acknowledged, then the
     /// requests topic replayed (deploy/RUNBOOK.md).
     RestoreReplay,
+    /// A fault of the database's HA layout (faults.sh --ha).
+    Ha(ha::Fault),
 }
 
 impl Fault {
@@ -431,11 +436,12 @@ impl Fault {
             Fault::RedisStop => "redis_stop",
             Fault::WriterPartition => "writer_partition",
             Fault::RestoreReplay => "restore_replay",
+            Fault::Ha(fault) => fault.name(),
         }
     }
 
     fn parse(name: &str) -> Option<Fault> {
-        ALL.iter().copied().find(|f| f.name() == name)
+        ALL.iter().copied().find(|f| f.name() == name).or_else(|| ha::Fault::parse(name).map(Fault::Ha))
     }
 }
 
@@ -459,6 +465,9 @@ struct Harness {
     traffic: Arc<Traffic>,
     outage: Duration,
     requests_topic: String,
+    /// The HA layout, under faults.sh --ha, and the fault injected in it, until it is settled.
+    ha: Option<ha::Layout>,
+    ha_injected: Mutex<Option<ha::Injected>>,
 }
 
 impl Harness {
@@ -524,6 +533,13 @@ impl Harness {
                 shell(&format!("iptables -D {rule}"));
             }
             Fault::RestoreReplay => self.restore_and_replay().await,
+            Fault::Ha(fault) => {
+                let layout = self.ha.as_ref().unwrap_or_else(|| panic!("{}: run deploy/faults.sh --ha", fault.name()));
+                let injected = layout.inject(fault).await;
+                let at = ha::Layout::at(&injected);
+                *self.ha_injected.lock().unwrap_or_else(|p| p.into_inner()) = Some(injected);
+                return at;
+            }
         }
         Instant::now()
     }
@@ -606,6 +622,12 @@ impl Harness {
         if let Some(recovered) = recovered {
             self.traffic.wait_acknowledged(over + recovered, 2, Duration::from_secs(10)).await;
         }
+        // An HA fault ends under traffic: what was killed or cut comes back and rejoins.
+        let injected = self.ha_injected.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let ha = match (&self.ha, injected) {
+            (Some(layout), Some(injected)) => layout.settle(injected).await,
+            _ => Value::Null,
+        };
         self.traffic.stop.store(true, Ordering::Relaxed);
         for client in clients {
             let _ = client.await;
@@ -631,6 +653,9 @@ impl Harness {
             during.iter().map(|r| r.status).filter(|s| !matches!(s, 200..=299 | 500 | 503 | 429)).collect();
         let connection_errors = unexpected.iter().filter(|s| **s == 0).count();
         let longest = during.iter().map(|r| r.took).max().unwrap_or_default();
+        let mut took: Vec<Duration> = during.iter().map(|r| r.took).collect();
+        took.sort();
+        let p99 = took.get(took.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default();
         let replayed = self.replayed.lock().unwrap_or_else(|p| p.into_inner()).take();
         json!({
             "scenario": fault.name(),
@@ -647,10 +672,12 @@ impl Harness {
             "connection_errors": connection_errors,
             "other_statuses": unexpected.iter().filter(|s| **s != 0).collect::<Vec<_>>(),
             "longest_request_ms": longest.as_millis(),
+            "p99_ms": p99.as_millis(),
             "writes_back_after_s": recovered.map(|r| r.as_secs_f64()),
             "all_ready": ready,
             "restarts": self.supervisor.take_restarts(),
             "scenario_s": fault_started.elapsed().as_secs_f64(),
+            "ha": ha,
         })
     }
 }
@@ -856,6 +883,8 @@ async fn main() {
             .split(',')
             .map(|name| Fault::parse(name).unwrap_or_else(|| panic!("unknown scenario {name}")))
             .collect(),
+        // Under faults.sh --ha, the faults of the database's HA layout.
+        None if ha::Layout::from_env().is_some() => ha::ALL.iter().copied().map(Fault::Ha).collect(),
         None => ALL.to_vec(),
     };
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_default();
@@ -875,6 +904,8 @@ async fn main() {
         traffic,
         outage,
         requests_topic: "intake.requests".to_owned(),
+        ha: ha::Layout::from_env(),
+        ha_injected: Mutex::default(),
     };
     let mut failed = false;
     for (n, fault) in scenarios.into_iter().enumerate() {
@@ -890,7 +921,8 @@ async fn main() {
             && line["longest_request_ms"]
                 .as_u64()
                 .is_some_and(|ms| ms <= (DEADLINE + Duration::from_secs(3)).as_millis() as u64)
-            && (matches!(fault, Fault::GatewayKill) || line["connection_errors"] == json!(0));
+            && (matches!(fault, Fault::GatewayKill) || line["connection_errors"] == json!(0))
+            && ha_ok(fault, &line);
         failed |= !ok;
         println!("{}", json!({ "ok": ok, "result": line }));
     }
@@ -899,6 +931,17 @@ async fn main() {
     }
     supervisor.stop_all();
     std::process::exit(i32::from(failed));
+}
+
+/// The rules of an HA fault beyond the ledger's: its own (a new leader, no write taken by two
+/// primaries, the layout whole again), no refused write where the primary stays or moves by
+/// plan, and a switchover's latency (p99 under 3 s, no write over 8 s).
+fn ha_ok(fault: Fault, line: &Value) -> bool {
+    let Fault::Ha(fault) = fault else { return true };
+    let below = |field: &str, ms: u64| line[field].as_u64().is_some_and(|v| v < ms);
+    line["ha"]["ok"] == json!(true)
+        && (!fault.refuses_nothing() || line["5xx"] == json!(0))
+        && (fault != ha::Fault::Switchover || (below("p99_ms", 3_000) && below("longest_request_ms", 8_000)))
 }
 
 /// The checker must notice a loss: one acknowledged conversion is deleted behind the service's
