@@ -199,13 +199,14 @@ async fn prime_keys(http: &reqwest::Client, gateways: &[String], keys: &[Key]) {
     }
 }
 
-/// After PostgreSQL's return, one single conversion per workspace (16 at a time, through the
-/// gateways in turn), sent again until it is acknowledged: returns once every workspace wrote
-/// again. The load's own batches go on meanwhile; it would take them longer than the drain to
-/// come round to every one of many workspaces.
+/// After PostgreSQL's return, one single conversion per workspace (256 workspaces at a time,
+/// through the gateways in turn), sent again until it is acknowledged: returns once every
+/// workspace wrote again. The load's own batches go on meanwhile; it would take them longer than
+/// the drain to come round to every one of many workspaces, and fewer probers would measure
+/// their own queue.
 async fn probe_every_workspace(http: reqwest::Client, gateways: Vec<String>, bearers: Vec<String>) {
     let next = Arc::new(AtomicUsize::new(0));
-    let probers: Vec<_> = (0..16)
+    let probers: Vec<_> = (0..256)
         .map(|_| {
             let (http, gateways, bearers, next) = (http.clone(), gateways.clone(), bearers.clone(), next.clone());
             tokio::spawn(async move {
