@@ -49,11 +49,7 @@ install_ha_packages() {
     command -v pgbackrest >/dev/null || missing+=(pgbackrest)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v setpriv >/dev/null || missing+=(util-linux)
-    if [ "${#missing[@]}" -gt 0 ]; then
-        say "installing ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
     ha_stop_debian_services
 }
 

@@ -48,17 +48,23 @@ install_packages() {
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
     command -v mold >/dev/null || missing+=(mold)  # the linker of .cargo/config.toml
-    if [ "${#missing[@]}" -gt 0 ]; then
-        say "installing ${missing[*]}"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    fi
+    [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
 }
 
-install_python_venv() {
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip >/dev/null
+# apt_install [OPTIONS] PACKAGE...: every install of the scripts goes through here. Tests that
+# run side by side install what they need on a fresh machine at the same moment, and dpkg takes
+# one at a time: ours queue on a lock of their own, and apt waits for any other holder of its
+# lock (DPkg::Lock::Timeout) instead of failing. Package lists are fetched only when the
+# install cannot do without (a fresh machine has stale or none).
+apt_install() {
+    say "installing $*"
+    # shellcheck disable=SC2016
+    as_root flock /var/lock/intake-apt.lock env DEBIAN_FRONTEND=noninteractive sh -c '
+        install() { apt-get install -y -qq -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
+        install "$@" 2>/dev/null || { apt-get update -qq -o DPkg::Lock::Timeout=600 && install "$@"; }' sh "$@"
 }
+
+install_python_venv() { apt_install python3-venv python3-pip; }
 
 pg_bin() {
     local dir

@@ -27,6 +27,11 @@ started=$SECONDS
 lints=$!
 trap 'kill "$lints" 2>/dev/null || true' EXIT
 
+# Debian's packages the tests use (the HA layout's, iptables for the fault harness's cuts), once
+# here rather than by each test on a fresh machine, inside its time limit.
+install_ha_packages
+command -v iptables >/dev/null || apt_install iptables
+
 # Schemathesis and the OpenAPI validator, from PyPI, in a virtualenv kept with the other tools.
 export INTAKE_PY_VENV="$INTAKE_CACHE/venv"
 if [ ! -x "$INTAKE_PY_VENV/bin/schemathesis" ] || [ ! -x "$INTAKE_PY_VENV/bin/openapi-spec-validator" ]; then
@@ -52,9 +57,7 @@ else
         "$INTAKE_CACHE/clients-venv/bin/pip" install -q httpx==0.28.1 pytest==9.2.0 mypy==2.4.1
     fi
     if ! command -v npm >/dev/null; then
-        say "installing Node.js"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+        apt_install nodejs npm
     fi
     export INTAKE_CLIENTS_NODE="$(command -v node)"
     # Again whenever the lock file changes (a copy of it marks what node_modules was installed from).

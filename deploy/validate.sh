@@ -35,7 +35,7 @@ install_promtool() {
     dir="$(mktemp -d)"
     # apt-get download needs no root, only package lists: fetch them when it finds none.
     (cd "$dir" && apt-get download -q prometheus >/dev/null 2>&1) || {
-        as_root apt-get update -qq
+        as_root flock /var/lock/intake-apt.lock apt-get update -qq -o DPkg::Lock::Timeout=600
         (cd "$dir" && apt-get download -q prometheus >/dev/null 2>&1)
     }
     # A part file of this process's own: two tests may install it at once, and mv is atomic.
@@ -47,9 +47,7 @@ install_promtool() {
 
 install_systemd_analyze() {
     command -v systemd-analyze >/dev/null && return
-    say "installing systemd (for systemd-analyze)"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null
+    apt_install --no-install-recommends systemd  # for systemd-analyze
 }
 
 # kubernetes-validate only warns about a kind it has no schema for, and passes it: every such
@@ -78,9 +76,7 @@ check_manifests() {
 check_haproxy() {
     local dir
     if ! command -v haproxy >/dev/null; then
-        say "installing haproxy (for haproxy -c)"
-        as_root apt-get update -qq
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null
+        apt_install haproxy  # for haproxy -c
         ha_stop_debian_services
     fi
     dir="$(mktemp -d)"
