@@ -31,10 +31,20 @@
 #                                   one slower by more than 10 % (exit status 3), also into
 #                                   bench/baseline-<REV>-<time>/comparison.md. No scale runs,
 #                                   runs at size or profile unless their variables ask for them.
+#   deploy/bench.sh --ha [--seconds N]
+#                                   the cost of synchronous replication (about 8 minutes):
+#                                   batch_ingest, single_32 and single_200rps on the single node,
+#                                   then on the HA layout of deploy/ha.sh (etcd x3, Patroni and
+#                                   PostgreSQL x3 in synchronous_mode_strict, HAProxy), started
+#                                   for them in $INTAKE_HOME/bench-ha on ports 31400-31455 with
+#                                   the single node's shared_buffers, stopped and removed after;
+#                                   the report's "Synchronous replication (HA layout)" has both
+#                                   and HA / single for throughput, p50 and p99. Nothing else runs.
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
-# INTAKE_BENCH_GATEWAYS, ... see tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names
-# the database (default intake_bench; it is dropped and created again).
+# INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_SCENARIOS=batch_ingest,single_32 for only those, ... see
+# tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names the database (default
+# intake_bench; it is dropped and created again).
 source "$(dirname "$0")/lib.sh"
 
 # --baseline: the binaries of commit $1 in $INTAKE_CACHE/baseline/bin-<commit>, built once in a
@@ -177,9 +187,23 @@ if flagged:
 EOF
 }
 
+# The layout of --ha, should the load generator have died without stopping it (it stops the
+# layout and removes its directory itself).
+stop_bench_ha() {
+    local dir="$INTAKE_BENCH_HA_DIR" n file
+    [ -d "$dir/run" ] || return 0
+    set +e
+    say "stopping the HA layout left in $dir"
+    stop_ha_cluster "$dir"
+    for n in 1 2 3; do ha_node_signal "$dir" "$n" KILL; done
+    for file in "$dir"/run/ha-*.pid; do [ -f "$file" ] && kill -KILL "$(cat "$file")" 2>/dev/null; done
+    rm -rf "$dir"
+}
+
 micro=0
 baseline=""
 rounds=1
+ha=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) export INTAKE_BENCH_SECONDS="${INTAKE_BENCH_SECONDS:-5}" \
@@ -200,15 +224,30 @@ while [ $# -gt 0 ]; do
         --micro) micro=1 ;;
         --baseline) baseline="$2"; shift ;;
         --rounds) rounds="$2"; shift ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --ha) ha=1 ;;
+        -h|--help) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift
 done
 
 if [ -n "$baseline" ]; then
+    [ "$ha" = 0 ] || { say "--ha and --baseline do not go together"; exit 2; }
     ab_run "$baseline" "$rounds"
     exit $?
+fi
+
+if [ "$ha" = 1 ]; then
+    # The scenarios compared and nothing else; the load generator starts the layout after the
+    # single node's runs, so that its idle processes do not run beside them.
+    export INTAKE_BENCH_SCENARIOS="${INTAKE_BENCH_SCENARIOS:-batch_ingest,single_32,single_200rps}" \
+        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-0}" \
+        INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-0}" \
+        INTAKE_BENCH_HA_DIR="${INTAKE_BENCH_HA_DIR:-$INTAKE_HOME/bench-ha}" \
+        INTAKE_BENCH_HA_BASE_PORT="${INTAKE_BENCH_HA_BASE_PORT:-31400}"
+    export INTAKE_BENCH_HA_PRIMARY_PORT="${INTAKE_BENCH_HA_PRIMARY_PORT:-$((INTAKE_BENCH_HA_BASE_PORT + 55))}"
+    install_ha_packages
+    trap stop_bench_ha EXIT
 fi
 
 start_infrastructure

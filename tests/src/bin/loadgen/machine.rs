@@ -124,6 +124,16 @@ fn all_pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// A postmaster and its children: every backend and background process of its cluster.
+fn cluster_processes(postmaster: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = all_pids()
+        .into_iter()
+        .filter(|&p| cpu_ticks_and_parent(p).is_some_and(|(_, parent)| parent == postmaster))
+        .collect();
+    pids.push(postmaster);
+    pids
+}
+
 /// utime + stime of a process (all its threads), in clock ticks, and its parent.
 fn cpu_ticks_and_parent(pid: u32) -> Option<(u64, u32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -162,6 +172,11 @@ pub struct Roles {
     pub postmaster: Option<u32>,
     pub kafka: Option<u32>,
     pub redis: Option<u32>,
+    /// On the HA layout (ha.rs): the standbys' postmasters (`postmaster` is the primary's),
+    /// HAProxy, and Patroni and etcd, whose work a single node does not have.
+    pub standbys: Vec<u32>,
+    pub proxy: Option<u32>,
+    pub control: Vec<u32>,
 }
 
 pub struct CpuSnapshot {
@@ -175,13 +190,7 @@ const TICKS_PER_SECOND: f64 = 100.0;
 impl Roles {
     /// The postmaster and its children: every backend and background process of the cluster.
     pub fn postgres_processes(&self) -> Vec<u32> {
-        let Some(postmaster) = self.postmaster else { return Vec::new() };
-        let mut pids: Vec<u32> = all_pids()
-            .into_iter()
-            .filter(|&p| cpu_ticks_and_parent(p).is_some_and(|(_, parent)| parent == postmaster))
-            .collect();
-        pids.push(postmaster);
-        pids
+        self.postmaster.map(cluster_processes).unwrap_or_default()
     }
 
     /// This program and the clients it runs as processes of their own (wrk, pgbench), not the
@@ -214,6 +223,16 @@ impl Roles {
         }
         if let Some(redis) = self.redis {
             by_role.insert("redis", sum(&[redis]));
+        }
+        if !self.standbys.is_empty() {
+            let standbys: Vec<u32> = self.standbys.iter().flat_map(|&p| cluster_processes(p)).collect();
+            by_role.insert("postgresql standbys", sum(&standbys));
+        }
+        if let Some(proxy) = self.proxy {
+            by_role.insert("haproxy", sum(&[proxy]));
+        }
+        if !self.control.is_empty() {
+            by_role.insert("patroni and etcd", sum(&self.control));
         }
         CpuSnapshot { at: Instant::now(), by_role, machine: machine_ticks() }
     }

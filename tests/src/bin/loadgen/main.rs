@@ -8,13 +8,17 @@
 //!
 //! Scenarios, in this order (the gateway's and writer's peak memory is read after the first):
 //! `batch_ingest`, `batch_resend`, `single_32`, `single_200rps`, `reject_401`, `reject_422`,
-//! `workspace_read`, then the baselines `direct_apply`, `pg_upsert` and `pg_upsert_v1`; then, unless turned off,
-//! `batch_ingest` again under a CPU profile, and `batch_ingest` with 1 and 2 gateways and writers.
+//! `workspace_read`, then the baselines `direct_apply`, `pg_upsert` and `pg_upsert_v1` (all of
+//! them, or those INTAKE_BENCH_SCENARIOS names); then, unless turned off, `batch_ingest` again
+//! under a CPU profile, and `batch_ingest` with 1 and 2 gateways and writers; then, with
+//! INTAKE_BENCH_HA_DIR, `batch_ingest`, `single_32` and `single_200rps` again on the HA layout
+//! of PostgreSQL (ha.rs).
 
 mod baselines;
 mod bodies;
 mod capped;
 mod client;
+mod ha;
 mod machine;
 mod measure;
 mod plot;
@@ -94,7 +98,32 @@ pub struct Config {
     memory_mib: u64,
     cluster_dir: PathBuf,
     capped_sizes: Vec<u64>,
+    /// INTAKE_BENCH_SCENARIOS: the scenarios of the main stack to run, comma-separated (unset,
+    /// "" or "all": every one; see [`SCENARIOS`]). batch_resend sends batch_ingest's batches.
+    scenarios: Vec<String>,
+    /// INTAKE_BENCH_HA_DIR: where the HA layout of the synchronous replication runs lives
+    /// (none: no such runs); INTAKE_BENCH_HA_BASE_PORT (default 31400) and
+    /// INTAKE_BENCH_HA_PRIMARY_PORT (default the base + 55) its ports (deploy/ha.sh ha_port);
+    /// INTAKE_BENCH_HA_SHARED_BUFFERS each node's `shared_buffers` (default: the single node's).
+    ha_dir: Option<PathBuf>,
+    ha_base_port: u16,
+    ha_primary_port: u16,
+    ha_shared_buffers: String,
 }
+
+/// The scenarios of the main stack, in the order they run.
+const SCENARIOS: [&str; 10] = [
+    "batch_ingest",
+    "batch_resend",
+    "single_32",
+    "single_200rps",
+    "reject_401",
+    "reject_422",
+    "workspace_read",
+    "direct_apply",
+    "pg_upsert",
+    "pg_upsert_v1",
+];
 
 fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -141,7 +170,25 @@ impl Config {
                 std::env::temp_dir().join("intake-bench-cluster").display().to_string(),
             )),
             capped_sizes: sizes_setting("INTAKE_BENCH_CAPPED_SIZES", ""),
+            scenarios: setting("INTAKE_BENCH_SCENARIOS", String::new())
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && *s != "all")
+                .map(str::to_owned)
+                .collect(),
+            ha_dir: std::env::var("INTAKE_BENCH_HA_DIR").ok().filter(|d| !d.is_empty()).map(PathBuf::from),
+            ha_base_port: setting("INTAKE_BENCH_HA_BASE_PORT", 31400),
+            ha_primary_port: setting(
+                "INTAKE_BENCH_HA_PRIMARY_PORT",
+                setting("INTAKE_BENCH_HA_BASE_PORT", 31400u16) + 55,
+            ),
+            ha_shared_buffers: setting("INTAKE_BENCH_HA_SHARED_BUFFERS", String::new()),
         }
+    }
+
+    /// Whether the main stack runs `scenario` (INTAKE_BENCH_SCENARIOS).
+    fn runs(&self, scenario: &str) -> bool {
+        self.scenarios.is_empty() || self.scenarios.iter().any(|s| s == scenario)
     }
 }
 
@@ -429,7 +476,63 @@ async fn warm_up(stack: &Stack, plans: &Plans, seconds: u64) {
     closed_loop(&targets(stack), 8, half, plans.single(Arc::new(Generator::new("warm")))).await;
 }
 
+/// batch_ingest (or its run on another database, `name`): 500-item batches from
+/// `config.batch_clients` clients, closed loop; also returns the batches sent, for batch_resend.
+async fn batch_ingest(
+    stack: &Stack,
+    roles: &Roles,
+    plans: &Plans,
+    config: &Config,
+    name: &str,
+    generator: Arc<Generator>,
+) -> (Scenario, Vec<(usize, u64)>) {
+    say(&format!("{name}: {} clients, {} s", config.batch_clients, config.seconds));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let plan = plans.batch_ingest(config.batch_clients, generator, sent.clone());
+    let duration = Duration::from_secs(config.seconds);
+    let scenario = closed(stack, roles, config.batch_clients, duration, Counted::Items, plan).await;
+    let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
+    (scenario, sent)
+}
+
+/// single_32 (or its run on another database, `name`): single sends from
+/// `config.single_clients` clients, closed loop.
+async fn single_32(stack: &Stack, roles: &Roles, plans: &Plans, config: &Config, name: &str) -> Scenario {
+    say(&format!("{name}: {} clients", config.single_clients));
+    let plan = plans.single(Arc::new(Generator::new("single")));
+    closed(stack, roles, config.single_clients, Duration::from_secs(config.seconds), Counted::Requests, plan).await
+}
+
+/// single_200rps (or its run on another database, `name`): PostgreSQL settled (and the
+/// standbys' servers at `standbys` checkpointed likewise) and the traffic warmed, then
+/// `config.rate` single sends a second, open loop.
+async fn single_200rps(
+    stack: &Stack,
+    roles: &Roles,
+    plans: &Plans,
+    config: &Config,
+    name: &str,
+    database_url: &str,
+    standbys: &[String],
+) -> anyhow::Result<Scenario> {
+    let duration = Duration::from_secs(config.seconds);
+    settle(database_url).await?;
+    ha::checkpoint_standbys(database_url, standbys).await?;
+    warm_singles(&targets(stack), config.rate, plans.single_open(Arc::new(Generator::new("paced-warm")))).await;
+    say(&format!("{name}: {} requests/s, open loop", config.rate));
+    let cores = tokio::spawn(roles.clone().cores_during(duration));
+    let before = stages::read(stack).await;
+    let measured =
+        open_loop(&targets(stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
+    let writer = stages::between(&before, &stages::read(stack).await, measured.elapsed, stack.writer_ops_urls.len());
+    let cores = cores.await.unwrap_or_default();
+    Ok(Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) })
+}
+
 async fn run(config: Config) -> anyhow::Result<()> {
+    if let Some(unknown) = config.scenarios.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+        anyhow::bail!("INTAKE_BENCH_SCENARIOS: no scenario {unknown} (there are {})", SCENARIOS.join(", "));
+    }
     let duration = Duration::from_secs(config.seconds);
     let profile_dir = config.out_dir.join("profile");
     std::fs::create_dir_all(&profile_dir)?;
@@ -454,36 +557,33 @@ async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut scenarios: Vec<(&'static str, Scenario)> = Vec::new();
     let ingest_generator = Arc::new(Generator::new("ingest"));
-    let sent = Arc::new(Mutex::new(Vec::new()));
-    say(&format!("batch_ingest: {} clients, {} s", config.batch_clients, config.seconds));
-    let plan = plans.batch_ingest(config.batch_clients, ingest_generator.clone(), sent.clone());
-    scenarios
-        .push(("batch_ingest", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    let mut sent = Vec::new();
+    if config.runs("batch_ingest") {
+        let (scenario, batches) =
+            batch_ingest(&stack, &roles, &plans, &config, "batch_ingest", ingest_generator.clone()).await;
+        scenarios.push(("batch_ingest", scenario));
+        sent = batches;
+    }
     let (gateway_pids, writer_pids) = stack.pids();
     let gateway_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&gateway_pids));
     let writer_peak_rss_mib = measure::round1(Roles::peak_rss_mib(&writer_pids));
 
-    say("batch_resend");
-    let sent = Arc::new(std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner())));
-    let plan = plans.batch_resend(ingest_generator, sent);
-    scenarios
-        .push(("batch_resend", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    if config.runs("batch_resend") && sent.is_empty() {
+        say("batch_resend skipped: it sends batch_ingest's batches again, and batch_ingest did not run");
+    } else if config.runs("batch_resend") {
+        say("batch_resend");
+        let plan = plans.batch_resend(ingest_generator, Arc::new(sent));
+        scenarios
+            .push(("batch_resend", closed(&stack, &roles, config.batch_clients, duration, Counted::Items, plan).await));
+    }
 
-    say(&format!("single_32: {} clients", config.single_clients));
-    let plan = plans.single(Arc::new(Generator::new("single")));
-    scenarios
-        .push(("single_32", closed(&stack, &roles, config.single_clients, duration, Counted::Requests, plan).await));
-
-    settle(&database_url).await?;
-    warm_singles(&targets(&stack), config.rate, plans.single_open(Arc::new(Generator::new("paced-warm")))).await;
-    say(&format!("single_200rps: {} requests/s, open loop", config.rate));
-    let cores = tokio::spawn(roles.clone().cores_during(duration));
-    let before = stages::read(&stack).await;
-    let measured =
-        open_loop(&targets(&stack), config.rate, duration, plans.single_open(Arc::new(Generator::new("paced")))).await;
-    let writer = stages::between(&before, &stages::read(&stack).await, measured.elapsed, stack.writer_ops_urls.len());
-    let cores = cores.await.unwrap_or_default();
-    scenarios.push(("single_200rps", Scenario { measured, counted: Counted::Requests, cores, writer: Some(writer) }));
+    if config.runs("single_32") {
+        scenarios.push(("single_32", single_32(&stack, &roles, &plans, &config, "single_32").await));
+    }
+    if config.runs("single_200rps") {
+        let scenario = single_200rps(&stack, &roles, &plans, &config, "single_200rps", &database_url, &[]).await?;
+        scenarios.push(("single_200rps", scenario));
+    }
 
     // The reject paths by wrk when it is there: this client would be the bottleneck.
     let use_wrk = config.reject_tool == "wrk" && wrk::available();
@@ -509,6 +609,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         ("reject_422", plans.reject_422()),
         ("workspace_read", plans.workspace_read()),
     ] {
+        if !config.runs(name) {
+            continue;
+        }
         let by_wrk = wrk_requests.iter().find(|(n, _)| *n == name).filter(|_| use_wrk);
         let scenario = match by_wrk {
             Some((_, request)) => {
@@ -530,27 +633,33 @@ async fn run(config: Config) -> anyhow::Result<()> {
         scenarios.push((name, scenario));
     }
 
-    say("direct_apply: the writer's apply code on the same batches, no HTTP, no Kafka");
-    let (measured, cores) = baselines::direct_apply(
-        &stack,
-        &keys,
-        &roles,
-        duration,
-        config.direct_concurrency,
-        config.direct_batches,
-        &config.out_dir,
-    )
-    .await?;
-    scenarios.push(("direct_apply", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    if config.runs("direct_apply") {
+        say("direct_apply: the writer's apply code on the same batches, no HTTP, no Kafka");
+        let (measured, cores) = baselines::direct_apply(
+            &stack,
+            &keys,
+            &roles,
+            duration,
+            config.direct_concurrency,
+            config.direct_batches,
+            &config.out_dir,
+        )
+        .await?;
+        scenarios.push(("direct_apply", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    }
 
-    say(&format!("pg_upsert: pgbench, {} clients", config.pg_clients));
-    let (measured, cores) =
-        baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
-    scenarios.push(("pg_upsert", Scenario { measured, counted: Counted::Items, cores, writer: None }));
-    say(&format!("pg_upsert_v1: pgbench, {} clients, into the old shape", config.pg_clients));
-    let (measured, cores) =
-        baselines::pg_upsert_v1(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
-    scenarios.push(("pg_upsert_v1", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    if config.runs("pg_upsert") {
+        say(&format!("pg_upsert: pgbench, {} clients", config.pg_clients));
+        let (measured, cores) =
+            baselines::pg_upsert(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
+        scenarios.push(("pg_upsert", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    }
+    if config.runs("pg_upsert_v1") {
+        say(&format!("pg_upsert_v1: pgbench, {} clients, into the old shape", config.pg_clients));
+        let (measured, cores) =
+            baselines::pg_upsert_v1(&db, &database_url, &roles, duration, config.pg_clients, &config.out_dir).await?;
+        scenarios.push(("pg_upsert_v1", Scenario { measured, counted: Counted::Items, cores, writer: None }));
+    }
 
     let profiles = if config.profile_seconds > 0 {
         profiles(&stack, &plans, &roles, &config, &profile_dir).await
@@ -558,12 +667,22 @@ async fn run(config: Config) -> anyhow::Result<()> {
         json!("turned off")
     };
 
+    // The main stack's work is done: its processes would otherwise idle beside the runs below.
+    drop(stack);
+    let (ha_scenarios, ha) = match &config.ha_dir {
+        Some(dir) => ha::scenarios(&config, dir, &db, &database_url, &infrastructure, &scenarios).await?,
+        None => (Vec::new(), Value::Null),
+    };
+    scenarios.extend(ha_scenarios);
+
     let mut scale = Vec::new();
     let (mut scale_writers, mut scale_gateways) = (Value::Null, Value::Null);
-    if config.scale {
-        let main_ingest = &scenarios[0].1;
+    let main_ingest = scenarios.iter().find(|(n, _)| *n == "batch_ingest").map(|(_, s)| s);
+    if config.scale && main_ingest.is_none() {
+        say("no scale runs: their quotas come from batch_ingest, which did not run");
+    }
+    if let Some(main_ingest) = main_ingest.filter(|_| config.scale) {
         scale.push(scale_row(config.gateways, config.writers, main_ingest));
-        drop(stack);
         let direct = scenarios.iter().find(|(n, _)| *n == "direct_apply").map(|(_, s)| s.measured.rate(Counted::Items));
         match quota::Cgroups::detect() {
             Some(cgroups) => {
@@ -621,6 +740,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         profiles,
         sized,
         sized_cluster,
+        ha,
     };
     let (json, markdown) = report::render(&run);
     std::fs::write(config.out_dir.join("report.json"), format!("{json:#}\n"))?;
@@ -812,8 +932,7 @@ async fn scale_capped(
         let per_process: Vec<_> = capped
             .iter()
             .map(|&pid| {
-                let only =
-                    Roles { gateways: vec![pid], writers: Vec::new(), postmaster: None, kafka: None, redis: None };
+                let only = Roles { gateways: vec![pid], ..Roles::default() };
                 tokio::spawn(only.cores_during(duration))
             })
             .collect();

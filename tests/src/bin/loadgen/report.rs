@@ -27,6 +27,8 @@ pub struct Run<'a> {
     pub sized: Vec<Value>,
     /// The cluster of the runs at size, when they had one of their own (capped.rs).
     pub sized_cluster: Value,
+    /// The HA layout the `_ha` scenarios ran on (ha.rs); null when they did not run.
+    pub ha: Value,
 }
 
 fn describe(name: &str, config: &Config) -> String {
@@ -44,6 +46,10 @@ fn describe(name: &str, config: &Config) -> String {
         "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
         "pg_upsert_v1" => "fixed yardstick: pg_upsert into a table of the shape `conversions` had before its indexes were made lean (nine indexes, identifiers and digests as text after the workspace id)".into(),
+        on_ha if on_ha.ends_with("_ha") => format!(
+            "{}; on the HA layout: through HAProxy to the primary, each commit waiting for the synchronous standby",
+            describe(on_ha.strip_suffix("_ha").unwrap_or(on_ha), config)
+        ),
         sized => describe_sized(sized, config),
     }
 }
@@ -161,13 +167,20 @@ pub fn render(run: &Run) -> (Value, String) {
         get(name).map(|s| s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0).unwrap_or(0.0)
     };
     let ratio = |a: f64, b: f64| if b > 0.0 { round2(a / b) } else { 0.0 };
+    let ran = |name: &str| get(name).is_some();
     let (ingest, direct, pg) = (rate("batch_ingest"), rate("direct_apply"), rate("pg_upsert"));
-    let ratios = json!({
-        "batch_ingest / pg_upsert": ratio(ingest, pg),
-        "batch_ingest / pg_upsert_v1": ratio(ingest, rate("pg_upsert_v1")),
-        "batch_ingest / direct_apply": ratio(ingest, direct),
-        "direct_apply / pg_upsert": ratio(direct, pg),
-    });
+    let mut ratios = serde_json::Map::new();
+    for (a, b) in [
+        ("batch_ingest", "pg_upsert"),
+        ("batch_ingest", "pg_upsert_v1"),
+        ("batch_ingest", "direct_apply"),
+        ("direct_apply", "pg_upsert"),
+    ] {
+        if ran(a) && ran(b) {
+            ratios.insert(format!("{a} / {b}"), json!(ratio(rate(a), rate(b))));
+        }
+    }
+    let ratios = Value::Object(ratios);
     // The reject paths' goal, measured by a client that is not their bottleneck (wrk).
     const REJECT_GOAL: f64 = 50_000.0;
     let targets = [
@@ -300,6 +313,8 @@ pub fn render(run: &Run) -> (Value, String) {
             });
         }
     }
+    // A run of some of the scenarios (INTAKE_BENCH_SCENARIOS) has the targets of those alone.
+    targets.retain(|t| ran(t.scenario) && (!t.name.contains(" / ") || t.name.split(" / ").all(ran)));
     let targets_json: Vec<Value> = targets
         .iter()
         .map(|t| {
@@ -374,6 +389,9 @@ pub fn render(run: &Run) -> (Value, String) {
     report.insert("scale_writers".into(), run.scale_writers.clone());
     report.insert("scale_gateways".into(), run.scale_gateways.clone());
     report.insert("profile".into(), run.profiles.clone());
+    if !run.ha.is_null() {
+        report.insert("ha_replication".into(), json!({ "layout": run.ha, "comparison": ha_comparison(run) }));
+    }
     let report = Value::Object(report);
     (report.clone(), markdown(run, &report, &targets))
 }
@@ -396,9 +414,8 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
     );
     let _ = writeln!(
         md,
-        "Machine: {} cores ({}), {} GiB, {}, kernel {}; load average at start {}. Everything runs on it: PostgreSQL, Redis, Kafka, the gateway, the writer and the load generator.\n",
-        m["cores"], m["cpu_model"].as_str().unwrap_or(""), m["memory_gib"], m["os"].as_str().unwrap_or(""),
-        m["kernel"].as_str().unwrap_or(""), m["load_average_at_start"].as_str().unwrap_or("")
+        "{}. Everything runs on it: PostgreSQL, Redis, Kafka, the gateway, the writer and the load generator.\n",
+        machine_line(m)
     );
     let _ = writeln!(
         md,
@@ -429,8 +446,8 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             if t.met() { "yes" } else { "**no**" }
         );
     }
-    let _ = writeln!(md, "\n| ratio | value |\n|---|---|");
-    if let Some(ratios) = report["ratios"].as_object() {
+    if let Some(ratios) = report["ratios"].as_object().filter(|r| !r.is_empty()) {
+        let _ = writeln!(md, "\n| ratio | value |\n|---|---|");
         for (k, value) in ratios {
             let _ = writeln!(md, "| {k} | {value} |");
         }
@@ -455,6 +472,10 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
             );
         }
         let _ = writeln!(md);
+    }
+
+    if !run.ha.is_null() {
+        ha_section(&mut md, run);
     }
 
     if !run.sized.is_empty() {
@@ -663,6 +684,135 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         }
     }
     md
+}
+
+fn machine_line(m: &Value) -> String {
+    format!(
+        "Machine: {} cores ({}), {} GiB, {}, kernel {}; load average at start {}",
+        m["cores"],
+        m["cpu_model"].as_str().unwrap_or(""),
+        m["memory_gib"],
+        m["os"].as_str().unwrap_or(""),
+        m["kernel"].as_str().unwrap_or(""),
+        m["load_average_at_start"].as_str().unwrap_or("")
+    )
+}
+
+/// One metric of a scenario run on both the single node and the HA layout.
+struct HaRow {
+    scenario: &'static str,
+    key: &'static str,
+    label: &'static str,
+    single: f64,
+    ha: f64,
+}
+
+impl HaRow {
+    fn ha_over_single(&self) -> Value {
+        if self.single > 0.0 {
+            json!(round2(self.ha / self.single))
+        } else {
+            Value::Null
+        }
+    }
+}
+
+/// Per scenario run on both: throughput, p50, p99 and PostgreSQL's cores (on the layout, its
+/// three nodes').
+fn ha_rows(run: &Run) -> Vec<HaRow> {
+    let find = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+    let quantile = |s: &Scenario, q: f64| round2(s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0);
+    let postgresql = |s: &Scenario| round2(field(&s.cores, "postgresql") + field(&s.cores, "postgresql standbys"));
+    let mut rows = Vec::new();
+    for scenario in crate::ha::SCENARIOS {
+        let (Some(single), Some(ha)) = (find(scenario), find(crate::ha::ha_name(scenario))) else { continue };
+        let (key, label) = match single.counted {
+            Counted::Items => ("items_per_s", "items/s"),
+            Counted::Requests => ("requests_per_s", "requests/s"),
+        };
+        let rate = |s: &Scenario| round1(s.measured.rate(s.counted));
+        for (key, label, single, ha) in [
+            (key, label, rate(single), rate(ha)),
+            ("p50_ms", "p50 ms", quantile(single, 0.5), quantile(ha, 0.5)),
+            ("p99_ms", "p99 ms", quantile(single, 0.99), quantile(ha, 0.99)),
+            ("postgresql_cores", "PostgreSQL cores", postgresql(single), postgresql(ha)),
+        ] {
+            rows.push(HaRow { scenario, key, label, single, ha });
+        }
+    }
+    rows
+}
+
+/// report.json's `ha_replication.comparison`: scenario → metric → single, ha, ha_over_single.
+fn ha_comparison(run: &Run) -> Value {
+    let mut comparison = serde_json::Map::new();
+    for row in ha_rows(run) {
+        let entry = comparison.entry(row.scenario.to_owned()).or_insert_with(|| json!({}));
+        entry[row.key] = json!({ "single": row.single, "ha": row.ha, "ha_over_single": row.ha_over_single() });
+    }
+    Value::Object(comparison)
+}
+
+/// Synchronous replication (HA layout): the scenarios on both, side by side.
+fn ha_section(md: &mut String, run: &Run) {
+    let layout = &run.ha;
+    let _ = writeln!(md, "## Synchronous replication (HA layout)\n");
+    if let Some(skipped) = layout.get("skipped") {
+        let _ = writeln!(md, "Not measured: {}\n", skipped.as_str().unwrap_or(""));
+        return;
+    }
+    let standbys = layout["standbys"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .map(|s| {
+                    format!(
+                        "{} {} {}",
+                        s["name"].as_str().unwrap_or("?"),
+                        s["state"].as_str().unwrap_or("?"),
+                        s["sync_state"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "The same scenarios in the same run: first on the single node, then on the HA layout of deploy/ha.sh (three PostgreSQL {} nodes under Patroni, `synchronous_mode_strict`, one synchronous standby; three etcd members; HAProxy as the primary's address), started after the single node's runs ({} s to a writable primary) and stopped before this report, on a stack of its own (the same gateways and writers, topics of their own). A commit on the layout returns once the synchronous standby has flushed it. Primary {}; the standbys at the end of the runs: {standbys}. Each node: `shared_buffers` {}, no WAL archive (the settings below say what differs from the single node).\n",
+        run.versions["postgresql"].as_str().and_then(|v| v.split_whitespace().next()).unwrap_or(""),
+        layout["seconds_to_start"],
+        layout["primary"].as_str().unwrap_or("?"),
+        layout["shared_buffers_per_node"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(md, "{}.\n", machine_line(&run.machine));
+    let _ = writeln!(md, "| scenario | metric | single node | HA | HA / single |\n|---|---|---|---|---|");
+    for row in ha_rows(run) {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            row.scenario,
+            row.label,
+            row.single,
+            row.ha,
+            row.ha_over_single()
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nPostgreSQL cores on the layout are its three nodes' (the sections of the `_ha` scenarios below have the primary's and the standbys' apart, and HAProxy's, Patroni's and etcd's).\n"
+    );
+    if let Some(settings) = layout["settings_differing"].as_object().filter(|s| !s.is_empty()) {
+        let list = settings
+            .iter()
+            .map(|(name, v)| {
+                let show = |v: &Value| v.as_str().map_or("(none)".to_owned(), |s| format!("`{s}`"));
+                format!("{name} {} → {}", show(&v["single"]), show(&v["ha"]))
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let _ = writeln!(md, "Settings in which the two servers differ (single node → HA primary): {list}.\n");
+    }
 }
 
 /// The stage timers of a scenario in words (the bucket bounds are powers of two from 1 ms).
