@@ -73,6 +73,9 @@ struct Member {
     name: String,
     role: String,
     state: String,
+    timeline: Option<u64>,
+    /// A standby's replay lag in bytes (Patroni says "unknown" while it cannot tell).
+    lag: Option<u64>,
 }
 
 /// What a fault did, between its injection and its settling.
@@ -154,7 +157,13 @@ impl Layout {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|m| Member { name: text(m, "name"), role: text(m, "role"), state: text(m, "state") })
+                .map(|m| Member {
+                    name: text(m, "name"),
+                    role: text(m, "role"),
+                    state: text(m, "state"),
+                    timeline: m["timeline"].as_u64(),
+                    lag: m["lag"].as_u64(),
+                })
                 .collect();
         }
         Vec::new()
@@ -173,13 +182,17 @@ impl Layout {
         self.with_role("sync_standby").await
     }
 
-    /// A leader, a synchronous standby, and all three members running or streaming.
+    /// A leader, a synchronous standby, and all three members running or streaming on the
+    /// leader's timeline, each standby's lag known and small. A member that came back is listed
+    /// as running while it still rewinds; the next fault must not start before it has rejoined.
     async fn whole(&self) -> bool {
+        const CAUGHT_UP: u64 = 16 << 20;
         let members = self.members().await;
+        let Some(leader) = members.iter().find(|m| m.role == "leader") else { return false };
         let live = |m: &&Member| m.state == "running" || m.state == "streaming";
-        members.iter().filter(live).count() == 3
-            && members.iter().any(|m| m.role == "leader")
-            && members.iter().any(|m| m.role == "sync_standby")
+        let rejoined =
+            |m: &&Member| m.role == "leader" || (m.timeline == leader.timeline && m.lag.is_some_and(|l| l < CAUGHT_UP));
+        members.iter().filter(live).filter(rejoined).count() == 3 && members.iter().any(|m| m.role == "sync_standby")
     }
 
     /// Polls `condition` every 100 ms for up to `patience`; how long it took, if it held.
@@ -250,8 +263,11 @@ impl Layout {
     /// Injects the fault; returns once it is in place (a switchover, once patronictl has it
     /// done), with the moment recovery is measured from.
     pub async fn inject(&self, fault: Fault) -> Injected {
+        // Each fault starts on a whole layout (the one before may still be rejoining).
+        let waited = self.within(HEALING, || self.whole()).await;
         let leader_before = self.leader().await.unwrap_or_default();
         let mut injected = Injected { fault: Some(fault), leader_before: leader_before.clone(), ..Injected::default() };
+        injected.details["whole_before_after_s"] = json!(waited.map(|w| w.as_secs_f64()));
         let dir = &self.dir;
         let outcome = match fault {
             Fault::PrimaryKill => {
@@ -342,8 +358,9 @@ impl Layout {
                 details["new_leader_listed_after_s"] = json!(moved.map(|_| at.elapsed().as_secs_f64()));
                 // The new primary first: once it has committed, its promotion is over, and it no
                 // longer confirms anything the old one sends.
-                let new = self.leader().await.unwrap_or_default();
-                let new_took = self.commits_directly(Self::node_of(&new)).await;
+                // In strict synchronous mode its commits wait until a standby follows it.
+                let new = Self::node_of(&self.leader().await.unwrap_or_default());
+                let new_took = self.within(Duration::from_secs(20), || self.commits_directly(new)).await.is_some();
                 let old_took = self.commits_directly(node).await;
                 details["old_primary_took_a_write"] = json!(old_took);
                 details["new_primary_took_a_write"] = json!(new_took);
@@ -391,7 +408,7 @@ impl Layout {
             .members()
             .await
             .iter()
-            .map(|m| format!("{} {} {}", m.name, m.role, m.state))
+            .map(|m| format!("{} {} {} timeline {:?}", m.name, m.role, m.state, m.timeline))
             .collect::<Vec<_>>());
         details["ok"] = json!(ok && whole.is_some());
         details
