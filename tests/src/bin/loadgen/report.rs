@@ -717,12 +717,13 @@ impl HaRow {
     }
 }
 
-/// Per scenario run on both: throughput, p50, p99 and PostgreSQL's cores (on the layout, its
-/// three nodes').
+/// Per scenario run on both: throughput, p50, p99, the writer's time per group (one
+/// transaction, its commit included) and PostgreSQL's cores (on the layout, its three nodes').
 fn ha_rows(run: &Run) -> Vec<HaRow> {
     let find = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
     let quantile = |s: &Scenario, q: f64| round2(s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0);
     let postgresql = |s: &Scenario| round2(field(&s.cores, "postgresql") + field(&s.cores, "postgresql standbys"));
+    let per_group = |s: &Scenario| s.writer.as_ref().map_or(0.0, |w| field(w, "mean_apply_ms_per_group"));
     let mut rows = Vec::new();
     for scenario in crate::ha::SCENARIOS {
         let (Some(single), Some(ha)) = (find(scenario), find(crate::ha::ha_name(scenario))) else { continue };
@@ -735,6 +736,7 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
             (key, label, rate(single), rate(ha)),
             ("p50_ms", "p50 ms", quantile(single, 0.5), quantile(ha, 0.5)),
             ("p99_ms", "p99 ms", quantile(single, 0.99), quantile(ha, 0.99)),
+            ("apply_ms_per_group", "writer ms a group (one transaction)", per_group(single), per_group(ha)),
             ("postgresql_cores", "PostgreSQL cores", postgresql(single), postgresql(ha)),
         ] {
             rows.push(HaRow { scenario, key, label, single, ha });
@@ -800,7 +802,7 @@ fn ha_section(md: &mut String, run: &Run) {
     }
     let _ = writeln!(
         md,
-        "\nPostgreSQL cores on the layout are its three nodes' (the sections of the `_ha` scenarios below have the primary's and the standbys' apart, and HAProxy's, Patroni's and etcd's).\n"
+        "\n\"writer ms a group\" is the writer's mean time to apply one group of messages, one transaction and its commit: where a commit's wait for the standby lands; with the writer's apply lanes all busy, throughput is lanes over that time. PostgreSQL cores on the layout are its three nodes' (the sections of the `_ha` scenarios below have the primary's and the standbys' apart, and HAProxy's, Patroni's and etcd's).\n"
     );
     if let Some(settings) = layout["settings_differing"].as_object().filter(|s| !s.is_empty()) {
         let list = settings
