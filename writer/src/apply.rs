@@ -37,11 +37,12 @@ pub trait Store: Send + Sync {
         requests: &'a [&'a WriteRequestV1],
     ) -> BoxFuture<'a, Result<Run, sqlx::Error>>;
 
-    /// No chunk of the request after `part` is applied, by any writer.
+    /// No chunk of each part's request after that part is applied, by any writer: one
+    /// transaction for them all.
     fn mark_failed<'a>(
         &'a self,
         workspace_id: &'a str,
-        part: &'a RequestPart,
+        parts: &'a [&'a RequestPart],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// Whether PostgreSQL takes writes at all (`retry::Failure::MaybeOutage`).
@@ -60,9 +61,9 @@ impl Store for PgPool {
     fn mark_failed<'a>(
         &'a self,
         workspace_id: &'a str,
-        part: &'a RequestPart,
+        parts: &'a [&'a RequestPart],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(store::mark_request_failed(self, workspace_id, part))
+        Box::pin(store::mark_requests_failed(self, workspace_id, parts))
     }
 
     fn takes_writes(&self) -> BoxFuture<'_, bool> {
@@ -120,6 +121,10 @@ struct Answer {
 impl Answer {
     fn failed() -> Answer {
         Answer { outcome: ChunkOutcome::Failed, label: "failed", reply: true }
+    }
+
+    fn expired() -> Answer {
+        Answer { outcome: ChunkOutcome::Expired, label: "expired", reply: true }
     }
 }
 
@@ -203,8 +208,10 @@ impl Worker {
         }
         let mut answers = Vec::with_capacity(group.messages.len());
         let mut run: Vec<&Inbound> = Vec::new();
-        for queued in &group.messages {
+        let mut next = 0;
+        while let Some(queued) = group.messages.get(next) {
             let message = &queued.message;
+            next += 1;
             let unapplied = match &message.body {
                 Body::Request(request) => {
                     match self.outbox.reply_partition_exists(request.reply_partition, shutdown).await? {
@@ -221,6 +228,19 @@ impl Worker {
             // What came before it is applied first.
             if !self.apply(&std::mem::take(&mut run), &mut answers, shutdown).await? {
                 return Ok(answers);
+            }
+            if let Unapplied::Expired = unapplied {
+                // After an outage most of the backlog is expired: the expired chunks in a row
+                // fail their requests in one transaction, not one each.
+                let mut expired = vec![message];
+                while let Some(queued) = group.messages.get(next).filter(|q| matches!(q.message.body, Body::Expired(_)))
+                {
+                    expired.push(&queued.message);
+                    next += 1;
+                }
+                self.fail_requests(&expired, shutdown).await?;
+                answers.extend(expired.iter().map(|_| Answer::expired()));
+                continue;
             }
             answers.push(self.answer_unapplied(message, unapplied, shutdown).await?);
         }
@@ -315,7 +335,7 @@ impl Worker {
         attempts: u32,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Answer, Interrupted> {
-        self.fail_request(message, shutdown).await?;
+        self.fail_requests(&[message], shutdown).await?;
         self.outbox.dead_letter(DeadLetter { reason, error, attempts, message }, shutdown).await?;
         Ok(Answer::failed())
     }
@@ -331,8 +351,8 @@ impl Worker {
             // so that the prefix rule does not rest on append times being in order (a later
             // chunk appended in time after a leader change is not applied either).
             Unapplied::Expired => {
-                self.fail_request(message, shutdown).await?;
-                Ok(Answer { outcome: ChunkOutcome::Expired, label: "expired", reply: true })
+                self.fail_requests(&[message], shutdown).await?;
+                Ok(Answer::expired())
             }
             Unapplied::Unreadable => {
                 let Body::Unreadable(unreadable) = &message.body else { return Ok(Answer::failed()) };
@@ -356,20 +376,26 @@ impl Worker {
         }
     }
 
-    /// Marks the message's request failed before its next chunk can be applied (the worker
-    /// holds the workspace until then). Retried through outages; a mark that fails for good is
-    /// logged.
-    async fn fail_request(&self, message: &Inbound, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-        let Some(part) = message.request_part() else { return Ok(()) };
-        let workspace_id = message.workspace_id();
+    /// Marks the messages' requests failed (they are one workspace's) before a next chunk of
+    /// theirs can be applied (the worker holds the workspace until then). Retried through
+    /// outages; a mark that fails for good is logged.
+    async fn fail_requests(
+        &self,
+        messages: &[&Inbound],
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
+        let parts: Vec<&RequestPart> = messages.iter().filter_map(|m| m.request_part()).collect();
+        let Some(first) = messages.first().filter(|_| !parts.is_empty()) else { return Ok(()) };
+        let workspace_id = first.workspace_id();
         let marking = self
             .policy
-            .run("mark_failed", &self.metrics, None, shutdown, || self.store.mark_failed(workspace_id, part));
+            .run("mark_failed", &self.metrics, None, shutdown, || self.store.mark_failed(workspace_id, &parts));
         match marking.await {
             Ok(()) => Ok(()),
             Err(Stop::Interrupted) => Err(Interrupted),
             Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
-                tracing::error!(%error, request_id = part.id, "could not mark the request failed");
+                let request_ids: Vec<&str> = parts.iter().map(|p| p.id.as_str()).collect();
+                tracing::error!(%error, ?request_ids, "could not mark the requests failed");
                 Ok(())
             }
         }
@@ -432,6 +458,8 @@ pub mod testing {
         pub runs: Mutex<Vec<Vec<String>>>,
         /// (workspace, request id, chunk index).
         pub marked: Mutex<Vec<(String, String, u32)>>,
+        /// Transactions that marked requests failed.
+        pub mark_calls: std::sync::atomic::AtomicUsize,
         pub busy: AtomicBool,
         /// Correlation ids whose apply fails for good.
         pub refused: Mutex<HashSet<String>>,
@@ -494,10 +522,11 @@ pub mod testing {
         fn mark_failed<'a>(
             &'a self,
             workspace_id: &'a str,
-            part: &'a RequestPart,
+            parts: &'a [&'a RequestPart],
         ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-            let mark = (workspace_id.to_owned(), part.id.clone(), part.index);
-            self.marked.lock().unwrap_or_else(|e| e.into_inner()).push(mark);
+            let marks = parts.iter().map(|part| (workspace_id.to_owned(), part.id.clone(), part.index));
+            self.marked.lock().unwrap_or_else(|e| e.into_inner()).extend(marks);
+            self.mark_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Box::pin(std::future::ready(Ok(())))
         }
 
@@ -678,6 +707,32 @@ mod tests {
         let count = |outcome| metrics.messages.get_or_create(&metrics::Outcome { outcome }).get();
         assert_eq!((count("expired"), count("request_failed"), count("applied")), (1, 1, 1));
         assert!(rig.sender.sent_to("dlq").is_empty(), "an expired chunk is no dead letter");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_of_expired_chunks_fails_their_requests_in_one_transaction() {
+        let rig = rig(Duration::from_secs(60), None);
+        // After an outage: two requests' chunks, all appended after their deadlines, then a
+        // fresh write of the same workspace.
+        let mut offset = 0;
+        for (id, chunks) in [("req_a", 3), ("req_b", 2)] {
+            for index in 0..chunks {
+                let mut chunk = request("ws_a", &format!("{id}-{index}"), 1);
+                part(&mut chunk, id, index);
+                chunk.deadline_ms = 10;
+                rig.read(&message(&chunk, 0, offset, 11));
+                offset += 1;
+            }
+        }
+        rig.read(&message(&request("ws_a", "fresh", 1), 0, offset, 5));
+        rig.step().await;
+        let expired = ["req_a-0", "req_a-1", "req_a-2", "req_b-0", "req_b-1"].map(|c| reply(c, 1, "expired"));
+        assert_eq!(rig.replies(), [expired.to_vec(), vec![reply("fresh", 1, "applied")]].concat());
+        let mut marked = rig.store.marked.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        marked.sort();
+        assert_eq!(marked.first().map(|m| (m.1.as_str(), m.2)), Some(("req_a", 0)));
+        assert_eq!(marked.len(), 5, "every expired chunk's request marked");
+        assert_eq!(rig.store.mark_calls.load(std::sync::atomic::Ordering::Relaxed), 1, "in one transaction");
     }
 
     #[tokio::test]

@@ -178,19 +178,31 @@ async fn apply_run_on(
     Ok(run)
 }
 
-/// Marks a request whose chunk failed for good, so that no later chunk of it is applied, by
-/// this writer or another one after a rebalance or a restart.
-pub async fn mark_request_failed(pool: &PgPool, workspace_id: &str, part: &RequestPart) -> Result<(), sqlx::Error> {
+/// Marks the requests whose chunks failed for good (or expired), so that no later chunk of them
+/// is applied, by this writer or another one after a rebalance or a restart.
+pub async fn mark_requests_failed(
+    pool: &PgPool,
+    workspace_id: &str,
+    parts: &[&RequestPart],
+) -> Result<(), sqlx::Error> {
+    // One row per request, at its lowest failed chunk: a statement may not update a row twice.
+    let mut lowest: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    for part in parts {
+        lowest.entry(&part.id).and_modify(|index| *index = (*index).min(part.index)).or_insert(part.index);
+    }
+    let ids: Vec<&str> = lowest.keys().copied().collect();
+    let indexes: Vec<i32> = lowest.values().map(|index| i32::try_from(*index).unwrap_or(i32::MAX)).collect();
     let mut connection = pool.acquire().await?;
     let marked = async {
         let mut tx = connection.begin().await?;
         sqlx::query(
-            "INSERT INTO failed_requests (request_id, workspace_id, chunk_index) VALUES ($1, $2, $3)
+            "INSERT INTO failed_requests (request_id, workspace_id, chunk_index)
+             SELECT id, $2, chunk_index FROM unnest($1::text[], $3::int4[]) AS failed(id, chunk_index)
              ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
         )
-        .bind(&part.id)
+        .bind(&ids)
         .bind(workspace_id)
-        .bind(i32::try_from(part.index).unwrap_or(i32::MAX))
+        .bind(&indexes)
         .execute(&mut *tx)
         .await?;
         commit_replicated(tx).await
