@@ -30,17 +30,22 @@ pub enum Fault {
     StandbyKill,
     /// The etcd member that leads etcd's own quorum SIGKILLed.
     EtcdKill,
+    /// Two of the three etcd members SIGKILLed (its leader among them) for longer than the
+    /// leader key's ttl: etcd has no quorum, and Patroni's failsafe mode keeps the primary
+    /// while it reaches every other member.
+    EtcdQuorumLoss,
     /// The primary's Patroni stopped (SIGSTOP) for longer than the leader key's ttl, while its
     /// PostgreSQL runs on.
     PatroniFreeze,
 }
 
-pub const ALL: [Fault; 6] = [
+pub const ALL: [Fault; 7] = [
     Fault::PrimaryKill,
     Fault::PrimaryCut,
     Fault::Switchover,
     Fault::StandbyKill,
     Fault::EtcdKill,
+    Fault::EtcdQuorumLoss,
     Fault::PatroniFreeze,
 ];
 
@@ -52,6 +57,7 @@ impl Fault {
             Fault::Switchover => "ha_switchover",
             Fault::StandbyKill => "ha_standby_kill",
             Fault::EtcdKill => "ha_etcd_kill",
+            Fault::EtcdQuorumLoss => "ha_etcd_quorum_loss",
             Fault::PatroniFreeze => "ha_patroni_freeze",
         }
     }
@@ -63,7 +69,7 @@ impl Fault {
     /// Faults that must not refuse a single write: the primary stays where it is (or moves in
     /// a planned switchover), and commits keep reaching two nodes.
     pub fn refuses_nothing(self) -> bool {
-        matches!(self, Fault::Switchover | Fault::StandbyKill | Fault::EtcdKill)
+        matches!(self, Fault::Switchover | Fault::StandbyKill | Fault::EtcdKill | Fault::EtcdQuorumLoss)
     }
 }
 
@@ -298,6 +304,17 @@ impl Layout {
                 injected.node = leader.unwrap_or(1);
                 self.sh(&format!("kill -KILL \"$(cat {dir}/run/ha-etcd-{}.pid)\"", injected.node)).await
             }
+            Fault::EtcdQuorumLoss => {
+                // The primary's node, checked afterwards; etcd's leader and one more member go.
+                injected.node = Self::node_of(&leader_before);
+                let leader = self.etcd_leader().await.unwrap_or(1);
+                let other = (1..=3).find(|m| *m != leader).unwrap_or(2);
+                injected.details["etcd_members"] = json!([leader, other]);
+                self.sh(&format!(
+                    "kill -KILL \"$(cat {dir}/run/ha-etcd-{leader}.pid)\" \"$(cat {dir}/run/ha-etcd-{other}.pid)\""
+                ))
+                .await
+            }
             Fault::PatroniFreeze => {
                 injected.node = Self::node_of(&leader_before);
                 self.sh(&format!("kill -STOP -- \"-$(cat {dir}/run/ha-node-{}.pid)\"", injected.node)).await
@@ -388,6 +405,16 @@ impl Layout {
                 let leader_after = self.leader().await;
                 details["leader_after"] = json!(leader_after);
                 ok &= leader_after.as_deref() == Some(injected.leader_before.as_str());
+            }
+            Fault::EtcdQuorumLoss => {
+                // Past the leader key's ttl without etcd, the primary is still the primary (its
+                // own REST API says so: Patroni's view of the cluster needs etcd).
+                tokio::time::sleep((TTL + Duration::from_secs(5)).saturating_sub(at.elapsed())).await;
+                details["quorum_lost_s"] = json!(at.elapsed().as_secs_f64());
+                let url = format!("http://127.0.0.1:{}/primary", self.rest_port(node));
+                let kept = self.http.get(url).send().await.is_ok_and(|r| r.status().is_success());
+                details["primary_kept_without_etcd"] = json!(kept);
+                ok &= kept;
             }
             Fault::Switchover => {
                 ok &= details["switchover"]["to"].is_string();
