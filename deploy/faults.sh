@@ -15,8 +15,9 @@
 #                                          the database as the HA layout (deploy/ha.sh: etcd x3,
 #                                          Patroni x3, HAProxy on the primary's port) and its
 #                                          faults: ha_primary_kill, ha_primary_cut, ha_switchover,
-#                                          ha_standby_kill, ha_etcd_kill, ha_patroni_freeze
-#                                          (tests/src/bin/faults/ha.rs)
+#                                          ha_standby_kill, ha_etcd_kill, ha_etcd_quorum_loss,
+#                                          ha_patroni_freeze (tests/src/bin/faults/ha.rs), and
+#                                          restore_replay from pgBackRest's backups
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
@@ -36,11 +37,12 @@ if [ "${1:-}" = --ha ]; then
     ha=1
     args=("${@:2}")
     # The layout's own ports from here (deploy/ha.sh ha_port: base+0..55), the primary on
-    # PG_PORT; a short-lived layout: no WAL archive, small nodes.
+    # PG_PORT; small nodes, with pgBackRest's archive and backups as the stack's (the
+    # restore_replay scenario restores the cluster from them).
     HA_BASE="${FAULTS_HA_BASE_PORT:-29500}"
     # For deploy/ha.sh here and for the harness's calls of it.
-    HA_BACKUPS=0 HA_SHARED_BUFFERS=128MB
-    export INTAKE_HA_BACKUPS=0 INTAKE_HA_SHARED_BUFFERS=128MB
+    HA_SHARED_BUFFERS=128MB
+    export INTAKE_HA_SHARED_BUFFERS=128MB
 elif [ "${1:-}" = --long-outage ]; then
     program=outage
     args=("${@:2}")

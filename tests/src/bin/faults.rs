@@ -546,12 +546,17 @@ impl Harness {
 
     /// The runbook's restore: a backup, writes acknowledged after it, an erasure after it; then
     /// writers stopped, the backup restored, the requests topic replayed from before the backup,
-    /// the erasures made since the backup run again, writers started.
+    /// the erasures made since the backup run again, writers started. On the HA layout the
+    /// "backup" is a point in time: the whole cluster is restored to it from pgBackRest's base
+    /// backup and WAL archive (deploy/ha.sh ha_restore_cluster), as the runbook does.
     async fn restore_and_replay(&self) {
         let dir = env("FAULTS_DIR");
         let url = env("DATABASE_URL");
-        let backup_at = time::OffsetDateTime::now_utc() - time::Duration::seconds(30);
-        assert!(shell(&format!("pg_dump -Fc -d {url} -f {dir}/backup.dump")), "pg_dump");
+        let restore_to = time::OffsetDateTime::now_utc();
+        let backup_at = restore_to - time::Duration::seconds(30);
+        if self.ha.is_none() {
+            assert!(shell(&format!("pg_dump -Fc -d {url} -f {dir}/backup.dump")), "pg_dump");
+        }
         tokio::time::sleep(self.outage).await;
         // An erasure after the backup, of one acknowledged item's email (the identifier on stdin).
         // A pair of a batch: batches are never sent again once acknowledged (singles may be).
@@ -572,10 +577,16 @@ impl Harness {
         self.supervisor.hold_writers.store(true, Ordering::Relaxed);
         self.supervisor.kill("writer-0");
         self.supervisor.kill("writer-1");
-        let database = url.rsplit('/').next().unwrap_or_default().to_owned();
-        let admin = url.replace(&format!("/{database}"), "/postgres");
-        assert!(shell(&format!("psql {admin} -qc 'DROP DATABASE {database} WITH (FORCE)' && psql {admin} -qc 'CREATE DATABASE {database}'")), "drop");
-        assert!(shell(&format!("pg_restore -d {url} {dir}/backup.dump")), "pg_restore");
+        if let Some(layout) = &self.ha {
+            if let Err(error) = layout.restore_to(restore_to).await {
+                panic!("the HA layout's restore: {error}");
+            }
+        } else {
+            let database = url.rsplit('/').next().unwrap_or_default().to_owned();
+            let admin = url.replace(&format!("/{database}"), "/postgres");
+            assert!(shell(&format!("psql {admin} -qc 'DROP DATABASE {database} WITH (FORCE)' && psql {admin} -qc 'CREATE DATABASE {database}'")), "drop");
+            assert!(shell(&format!("pg_restore -d {url} {dir}/backup.dump")), "pg_restore");
+        }
         let from = backup_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
         assert!(shell(&format!("{writer} replay --from-time {from} > {dir}/replay.json")), "replay");
         let replayed = std::fs::read_to_string(format!("{dir}/replay.json")).unwrap_or_default();
@@ -884,7 +895,9 @@ async fn main() {
             .map(|name| Fault::parse(name).unwrap_or_else(|| panic!("unknown scenario {name}")))
             .collect(),
         // Under faults.sh --ha, the faults of the database's HA layout.
-        None if ha::Layout::from_env().is_some() => ha::ALL.iter().copied().map(Fault::Ha).collect(),
+        None if ha::Layout::from_env().is_some() => {
+            ha::ALL.iter().copied().map(Fault::Ha).chain([Fault::RestoreReplay]).collect()
+        }
         None => ALL.to_vec(),
     };
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_default();

@@ -328,6 +328,19 @@ impl Layout {
         injected
     }
 
+    /// The whole cluster restored to `target` from pgBackRest (the runbook's restore), the
+    /// layout whole again afterwards.
+    pub async fn restore_to(&self, target: time::OffsetDateTime) -> Result<(), String> {
+        let format =
+            time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second].[subsecond digits:6]+00");
+        let target = target.format(&format).map_err(|e| e.to_string())?;
+        self.sh(&format!("ha_restore_cluster {} '{target}' 2>&1", self.dir)).await?;
+        match self.within(HEALING, || self.whole()).await {
+            Some(_) => Ok(()),
+            None => Err("the layout was not whole again after the restore".to_owned()),
+        }
+    }
+
     /// The moment recovery is measured from.
     pub fn at(injected: &Injected) -> Instant {
         injected.at.unwrap_or_else(Instant::now)
