@@ -115,6 +115,8 @@ pub struct StackOptions {
     pub gateway_args: Vec<String>,
     /// More arguments for `intake-writer run`.
     pub writer_args: Vec<String>,
+    /// More environment for the writers (`INTAKE_LOG`, `INTAKE_KAFKA_OPTIONS`, ...).
+    pub writer_env: Vec<(String, String)>,
     /// Gateways started with the stack, each reading a reply partition of its own.
     pub gateways: usize,
     /// Certificate and key files (PEM): the API speaks HTTPS and the base URLs are
@@ -141,6 +143,7 @@ impl Default for StackOptions {
             writers: 1,
             gateway_args: Vec::new(),
             writer_args: Vec::new(),
+            writer_env: Vec::new(),
             gateways: 1,
             tls: None,
         }
@@ -329,6 +332,7 @@ impl Stack {
         let child = command
             .args(["run", "--ops-listen", &ops])
             .args(&self.options.writer_args)
+            .envs(self.options.writer_env.iter().map(|(k, v)| (k, v)))
             .stdout(self.log_file("writer"))
             .stderr(self.log_file("writer"))
             .spawn()
@@ -994,7 +998,12 @@ impl KafkaCluster {
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failed test keeps the broker's log for its report.
+        if std::thread::panicking() {
+            eprintln!("the Kafka cluster of this test, its logs kept: {}", self.dir.join("logs").display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

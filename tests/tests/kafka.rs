@@ -80,7 +80,12 @@ async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
 #[tokio::test]
 async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_the_broker() {
     let cluster = KafkaCluster::start();
-    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), ..unlimited() };
+    // The group's joins and the coordinator's answers in the writer's log, for a failure's report.
+    let writer_env = vec![
+        ("INTAKE_LOG".to_owned(), "info,librdkafka=debug".to_owned()),
+        ("INTAKE_KAFKA_OPTIONS".to_owned(), "debug=cgrp".to_owned()),
+    ];
+    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), writer_env, ..unlimited() };
     let mut stack = Stack::start_with(options).await;
     let (key, fresh) = (stack.workspace(), stack.workspace());
     assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
