@@ -77,6 +77,8 @@ pub struct Write {
     pub received_at_ms: i64,
     /// Created, or a matching input changed: its visit matches are computed again.
     pub rematch: bool,
+    /// Created by this chunk: it has no stored matches yet.
+    pub created: bool,
 }
 
 #[derive(Debug, Default)]
@@ -129,6 +131,8 @@ pub fn plan_chunk(items: &[Item<'_>], message_sizes: &[usize], stored: Vec<Store
 
 struct ChunkState {
     rows: Vec<StoredConversion>,
+    /// The first `stored` rows were read from the database; the rest are created by the chunk.
+    stored: usize,
     by_pair: HashMap<(String, String), usize>,
     by_external_id: HashMap<String, Vec<usize>>,
     by_parent: HashMap<String, Vec<usize>>,
@@ -144,6 +148,7 @@ impl ChunkState {
     fn new(stored: Vec<StoredConversion>) -> Self {
         let mut state = ChunkState {
             rows: Vec::with_capacity(stored.len()),
+            stored: stored.len(),
             by_pair: HashMap::new(),
             by_external_id: HashMap::new(),
             by_parent: HashMap::new(),
@@ -263,7 +268,7 @@ impl ChunkState {
             .map(|(&index, &received_at_ms)| {
                 let mut row = self.rows[index].clone();
                 row.chain_id = self.chains.find(&row.chain_id);
-                Write { row, received_at_ms, rematch: self.rematch.contains(&index) }
+                Write { row, received_at_ms, rematch: self.rematch.contains(&index), created: index >= self.stored }
             })
             .collect();
         Plan { results, writes, new_chains: self.new_chains, merges: self.chains.merges(), merged_by_message }

@@ -99,11 +99,27 @@ fn close_if_on_standby<T>(connection: &mut PoolConnection<Postgres>, outcome: &R
 /// a cancelled wait for the standby as a WARNING, on a commit that then exists on the primary
 /// alone. How long the wait may last is bounded by the HA layout, which drops a silent standby
 /// from the synchronous set (`wal_sender_timeout`, Patroni).
-async fn commit_replicated(mut tx: Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('statement_timeout', '0', true), pg_current_xact_id()::text")
-        .execute(&mut *tx)
-        .await?;
+async fn commit_replicated(mut tx: Transaction<'_, Postgres>, prepared: Prepared) -> Result<(), sqlx::Error> {
+    if prepared == Prepared::No {
+        sqlx::query(concat!("SELECT ", commit_settings!(), ", pg_current_xact_id()::text")).execute(&mut *tx).await?;
+    }
     tx.commit().await
+}
+
+/// The settings of [`commit_replicated`], as a select list: folded into a transaction's last
+/// statement where it has one that writes (and so has an id), a round trip less.
+macro_rules! commit_settings {
+    () => {
+        "set_config('statement_timeout', '0', true)"
+    };
+}
+use commit_settings;
+
+/// Whether the transaction's last statement already took an id and set [`commit_settings`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prepared {
+    Yes,
+    No,
 }
 
 pub struct Applied {
@@ -170,9 +186,9 @@ async fn apply_run_on(
     lock: Lock,
 ) -> Result<Run, sqlx::Error> {
     let mut tx = connection.begin().await?;
-    let run = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
+    let (run, prepared) = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
     match run {
-        Run::Done(_) => commit_replicated(tx).await?,
+        Run::Done(_) => commit_replicated(tx, prepared).await?,
         Run::Busy => tx.rollback().await?,
     }
     Ok(run)
@@ -205,7 +221,7 @@ pub async fn mark_requests_failed(
         .bind(&indexes)
         .execute(&mut *tx)
         .await?;
-        commit_replicated(tx).await
+        commit_replicated(tx, Prepared::No).await
     }
     .await;
     close_if_on_standby(&mut connection, &marked);
@@ -233,7 +249,7 @@ async fn apply_workspace(
     workspace_id: &str,
     requests: &[&WriteRequestV1],
     lock: Lock,
-) -> Result<Run, sqlx::Error> {
+) -> Result<(Run, Prepared), sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
     // rules read, then write, rows of the whole workspace. The lock and the look-up of the
     // message ids are one round trip. After a wait for the lock, the look-up reads a snapshot
@@ -254,7 +270,7 @@ async fn apply_workspace(
     let ids: Vec<&str> = requests.iter().map(|r| r.correlation_id.as_str()).collect();
     let looked_up: Vec<Locked> = sqlx::query_as(sql).bind(workspace_id).bind(&ids).fetch_all(&mut **tx).await?;
     if !looked_up.first().is_some_and(|(locked, _, _)| *locked) {
-        return Ok(Run::Busy);
+        return Ok((Run::Busy, Prepared::No));
     }
     let previous: Vec<LookedUp> = looked_up.into_iter().map(|(_, id, results)| (id, results)).collect();
     let mut previous: HashMap<String, Vec<ItemResult>> =
@@ -298,17 +314,21 @@ async fn apply_workspace(
                 serde_json::to_string(&fresh_results[r.correlation_id.as_str()].0).unwrap_or_else(|_| "[]".to_owned())
             })
             .collect();
-        sqlx::query(
+        sqlx::query(concat!(
             "INSERT INTO applied_messages (correlation_id, workspace_id, results)
-             SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results)",
-        )
+             SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results),
+                    (SELECT ",
+            commit_settings!(),
+            ") AS commit_settings"
+        ))
         .bind(workspace_id)
         .bind(fresh.iter().map(|r| r.correlation_id.as_str()).collect::<Vec<_>>())
         .bind(&texts)
         .execute(&mut **tx)
         .await?;
     }
-    Ok(Run::Done(
+    let prepared = if fresh.is_empty() { Prepared::No } else { Prepared::Yes };
+    let run = Run::Done(
         requests
             .iter()
             .map(|r| match (previous.remove(&r.correlation_id), fresh_results.remove(r.correlation_id.as_str())) {
@@ -317,7 +337,8 @@ async fn apply_workspace(
                 (None, None) => Chunk::RequestFailed,
             })
             .collect(),
-    ))
+    );
+    Ok((run, prepared))
 }
 
 /// The requests among these (by the gateway's request id) of which a chunk failed for good,
@@ -508,8 +529,14 @@ async fn match_visits(
     if writes.is_empty() {
         return Ok(());
     }
-    let ids: Vec<&str> = writes.iter().map(|w| w.row.id.as_str()).collect();
-    sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)").bind(&ids).execute(&mut **tx).await?;
+    // A row created by this chunk has a new id, which no match names yet.
+    let ids: Vec<&str> = writes.iter().filter(|w| !w.created).map(|w| w.row.id.as_str()).collect();
+    if !ids.is_empty() {
+        sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut **tx)
+            .await?;
+    }
     let matchable: Vec<&StoredConversion> = writes
         .iter()
         .filter(|w| w.row.fields.occurred_at_ms >= w.received_at_ms - MATCH_WINDOW_MS)

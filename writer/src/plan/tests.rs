@@ -233,3 +233,15 @@ fn visit_matches_are_recomputed_only_when_a_matching_input_changes() {
     assert_eq!(rematch(&db, "contact_id", json!("crm-1")), vec![true]);
     assert_eq!(rematch(&db, "occurred_at", json!("2026-01-01T00:00:00Z")), vec![true]);
 }
+
+#[test]
+fn only_rows_made_by_the_chunk_are_created_and_their_matches_need_no_clearing() {
+    let mut db = Db::default();
+    db.send(&[stage("lead", "L1", None)]);
+    let mut changed = stage("lead", "L1", None);
+    changed["visitor_id"] = json!("abcdEFGH1234_-xy");
+    let plan = db.plan(&[changed, stage("qualified", "Q1", Some("L1"))], &[2]);
+    let created: BTreeMap<&str, bool> = plan.writes.iter().map(|w| (w.row.external_id.as_str(), w.created)).collect();
+    assert_eq!(created, BTreeMap::from([("L1", false), ("Q1", true)]));
+    assert!(plan.writes.iter().all(|w| w.rematch), "a new visitor id and a new row are both matched again");
+}
