@@ -23,9 +23,18 @@ mkdir -p "$TOOLS/bin"
 
 install_kubernetes_validate() {
     [ -x "$TOOLS/venv/bin/kubernetes-validate" ] && return
-    say "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI (once)"
-    python3 -m venv "$TOOLS/venv" 2>/dev/null || { install_python_venv; python3 -m venv "$TOOLS/venv"; }
-    "$TOOLS/venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    # Two tests may get here at once on a fresh machine: one installs, the other waits for it
+    # (it found the half-made virtualenv without pip before).
+    local lock
+    exec {lock}>"$TOOLS/venv.lock"
+    flock "$lock"
+    if [ ! -x "$TOOLS/venv/bin/kubernetes-validate" ]; then
+        say "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI (once)"
+        rm -rf "$TOOLS/venv"
+        python3 -m venv "$TOOLS/venv" 2>/dev/null || { install_python_venv; python3 -m venv "$TOOLS/venv"; }
+        "$TOOLS/venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    fi
+    exec {lock}>&-
 }
 
 install_promtool() {
