@@ -82,6 +82,11 @@ pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> Result<ClientConfig,
             // to itself, restarted) soon. Heartbeats at a third of it.
             ("session.timeout.ms", &session_ms),
             ("heartbeat.interval.ms", "3000"),
+            // How often the group's coordinator is looked up again; a tenth of it while the
+            // coordinator is down. With librdkafka's 10 minutes, a writer that started while
+            // every broker was down and missed the look-up that follows a broker's return waits
+            // up to a minute for the next one, without partitions; with this, a second.
+            ("coordinator.query.interval.ms", "10000"),
             // Per-partition lag for /metrics and the stall check of /readyz (writer/src/health.rs).
             ("statistics.interval.ms", "2000"),
             ("socket.nagle.disable", "true"),
