@@ -1,7 +1,8 @@
 //! Erasure and matching stay fast as a workspace grows: on ANALYZEd tables of realistic size
 //! (250k conversions and visits, most in one workspace), the planner answers every statement
 //! of both paths from indexes, never a sequential scan of `conversions`, `visits` or
-//! `conversion_matches`. The statements are the writer's own text (writer/src/lookups.rs).
+//! `conversion_matches`, in the generic plans the writer runs. The statements are the writer's
+//! own text (writer/src/lookups.rs).
 //! The tables live in a database of the test's own, created and dropped here, so that no test
 //! of the shared database sees their rows. An erasure on it is timed too.
 
@@ -70,18 +71,39 @@ enum Param {
     Ints(Vec<i64>),
 }
 
-/// Fails when the plan of `statement`, with `params` bound, scans a big table sequentially.
-async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Param>) {
-    let explain = format!("EXPLAIN (FORMAT JSON) {statement}");
-    let mut query = sqlx::query_scalar::<_, sqlx::types::Json<Value>>(&explain);
-    for param in params {
-        query = match param {
-            Param::Text(text) => query.bind(text),
-            Param::Texts(texts) => query.bind(texts),
-            Param::Ints(ints) => query.bind(ints),
+impl Param {
+    /// The parameter as an SQL literal (the test's values hold no quote).
+    fn literal(&self) -> String {
+        let quoted = |value: &str| {
+            assert!(!value.contains('\''), "{value}");
+            format!("'{value}'")
         };
+        match self {
+            Param::Text(text) => quoted(text),
+            Param::Texts(texts) => {
+                format!("ARRAY[{}]::text[]", texts.iter().map(|t| quoted(t)).collect::<Vec<_>>().join(","))
+            }
+            Param::Ints(ints) => {
+                format!("ARRAY[{}]::int8[]", ints.iter().map(i64::to_string).collect::<Vec<_>>().join(","))
+            }
+        }
     }
-    let sqlx::types::Json(plan) = query.fetch_one(db).await.unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"));
+}
+
+/// Fails when the generic plan of `statement` scans a big table sequentially: the writer
+/// prepares each statement once and plans it without looking at the values
+/// (`plan_cache_mode`, writer/src/store.rs), so that is the plan it runs with `params`.
+async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Param>) {
+    let mut connection = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    let prepare = format!("SET plan_cache_mode = force_generic_plan; PREPARE lookup AS {statement}");
+    sqlx::raw_sql(&prepare).execute(&mut *connection).await.unwrap_or_else(|e| panic!("PREPARE {name}: {e}"));
+    let args: Vec<String> = params.iter().map(Param::literal).collect();
+    let explain = format!("EXPLAIN (FORMAT JSON) EXECUTE lookup({})", args.join(", "));
+    let sqlx::types::Json(plan): sqlx::types::Json<Value> = sqlx::query_scalar(&explain)
+        .fetch_one(&mut *connection)
+        .await
+        .unwrap_or_else(|e| panic!("EXPLAIN {name}: {e}"));
+    sqlx::raw_sql("DEALLOCATE lookup").execute(&mut *connection).await.unwrap_or_else(|e| panic!("{e}"));
     let mut found = Vec::new();
     nodes(&plan[0]["Plan"], &mut found);
     let scanned: Vec<&(String, String)> = found
@@ -91,6 +113,7 @@ async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Pa
         })
         .collect();
     assert!(scanned.is_empty(), "{name} scans {scanned:?} sequentially: {plan:#}");
+    assert!(found.iter().any(|(node, _)| node.contains("Index")), "{name} uses no index: {plan:#}");
 }
 
 fn texts(values: &[&str]) -> Param {
@@ -153,6 +176,14 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         Param::Ints(occurred),
     ];
     assert_indexed(&db, "matching", lookups::MATCH_VISITS, params).await;
+    let external_ids = texts(&["e12", "e13", "new-1"]);
+    assert_indexed(
+        &db,
+        "a chunk's related rows",
+        lookups::RELATED_CONVERSIONS,
+        vec![ws(), external_ids, texts(&["e12"])],
+    )
+    .await;
 
     // The erasure itself, in the workspace of 190k conversions and visits: one person's five
     // conversions (one email address) and their visits.

@@ -1,4 +1,5 @@
-//! The statements that look a person's rows up by identifier: matching's and erasure's. Each is
+//! The statements that look a person's rows up by identifier: matching's and erasure's; and
+//! the look-up of the rows a chunk relates to. Each is
 //! a union of lookups that one index answers (migrations 0001, 0003 and 0010 to 0012), not one
 //! condition ORed across columns, which the planner may answer by scanning the whole workspace.
 //! Email and phone digests and visitor ids are looked up through indexes of an 8-byte hash of
@@ -91,3 +92,13 @@ pub const MATCH_VISITS: &str = "
       JOIN visits v ON v.workspace_id = $1 AND v.recipient_id IS NOT NULL AND v.recipient_id = c.contact_id
                    AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '2160 hours'
     ON CONFLICT DO NOTHING";
+
+/// The stored rows a chunk's items can touch or link to: those with one of the items' external
+/// ids `$2`, and the children of the items `$3` (see `plan::plan_chunk`).
+pub const RELATED_CONVERSIONS: &str = "
+    SELECT id, event, external_id, chain_id, parent_external_id,
+           (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
+           visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
+           country, value::text AS value, currency, hdyhau, tags
+      FROM conversions
+     WHERE workspace_id = $1 AND (external_id = ANY($2) OR parent_external_id = ANY($3))";
