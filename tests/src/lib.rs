@@ -125,6 +125,14 @@ pub struct StackOptions {
     pub tls: Option<(PathBuf, PathBuf)>,
 }
 
+impl StackOptions {
+    /// Limits no test traffic reaches: [`Traffic`] re-sends what fails at once, faster than the
+    /// production limits allow one key (a fast machine got 429s in an outage test).
+    pub fn unlimited() -> Self {
+        StackOptions { requests_per_minute: 1_000_000, conversions_per_minute: 100_000_000, ..Default::default() }
+    }
+}
+
 impl Default for StackOptions {
     fn default() -> Self {
         StackOptions {

@@ -9,13 +9,8 @@ use std::time::{Duration, Instant};
 const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Traffic runs faster than the production limits allow one key.
-fn unlimited() -> StackOptions {
-    StackOptions { requests_per_minute: 1_000_000, conversions_per_minute: 100_000_000, ..Default::default() }
-}
-
 async fn kill_a_writer_and_start_it_again(writers: usize, back_within: Duration) {
-    let mut stack = Stack::start_with(StackOptions { writers, ..unlimited() }).await;
+    let mut stack = Stack::start_with(StackOptions { writers, ..StackOptions::unlimited() }).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
     traffic.wait_recovered(Instant::now(), Duration::from_secs(30)).await;
@@ -49,7 +44,7 @@ async fn the_only_writer_killed_and_restarted_writes_come_back_within_30_s() {
 
 #[tokio::test]
 async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
-    let mut stack = Stack::start_with(StackOptions { writers: 2, ..unlimited() }).await;
+    let mut stack = Stack::start_with(StackOptions { writers: 2, ..StackOptions::unlimited() }).await;
     let keys = stack.workspaces_on_every_partition();
     let traffic = Traffic::start(stack.client(), &keys);
     traffic.wait_recovered(Instant::now(), Duration::from_secs(30)).await;
@@ -85,7 +80,8 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
         ("INTAKE_LOG".to_owned(), "info,librdkafka=debug".to_owned()),
         ("INTAKE_KAFKA_OPTIONS".to_owned(), "debug=cgrp".to_owned()),
     ];
-    let options = StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), writer_env, ..unlimited() };
+    let options =
+        StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), writer_env, ..StackOptions::unlimited() };
     let mut stack = Stack::start_with(options).await;
     let (key, fresh) = (stack.workspace(), stack.workspace());
     assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);

@@ -97,8 +97,12 @@ async fn a_database_outage_past_the_poll_interval_keeps_the_writer_in_its_group_
         "queued.max.messages.kbytes=2048",
         "fetch.max.bytes=1048576",
     ]));
-    let options =
-        StackOptions { database_url: Some(postgres.url()), write_timeout_ms: 2_000, writer_args, ..Default::default() };
+    let options = StackOptions {
+        database_url: Some(postgres.url()),
+        write_timeout_ms: 2_000,
+        writer_args,
+        ..StackOptions::unlimited()
+    };
     let stack = Stack::start_with(options).await;
     let keys: Vec<TestKey> = (0..6).map(|_| stack.workspace()).collect();
     let backlog_keys: Vec<TestKey> = (0..3).map(|_| stack.workspace()).collect();
