@@ -126,8 +126,8 @@ pub struct StackOptions {
 }
 
 impl StackOptions {
-    /// Limits no test traffic reaches: [`Traffic`] re-sends what fails at once, faster than the
-    /// production limits allow one key (a fast machine got 429s in an outage test).
+    /// Limits no test traffic reaches: [`Traffic`] re-sends what fails at once, and on a fast
+    /// machine passes the production limits of one key.
     pub fn unlimited() -> Self {
         StackOptions { requests_per_minute: 1_000_000, conversions_per_minute: 100_000_000, ..Default::default() }
     }
@@ -340,7 +340,7 @@ impl Stack {
         let child = command
             .args(["run", "--ops-listen", &ops])
             .args(&self.options.writer_args)
-            .envs(self.options.writer_env.iter().map(|(k, v)| (k, v)))
+            .envs(self.options.writer_env.iter().cloned())
             .stdout(self.log_file("writer"))
             .stderr(self.log_file("writer"))
             .spawn()

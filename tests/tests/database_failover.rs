@@ -249,13 +249,9 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
         .unwrap_or_else(|e| panic!("migrate: {e}"));
     assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
     // Production's write timeout and stall rule; no rate limit in the way of the traffic.
-    let stack = Stack::start_with(StackOptions {
-        database_url: Some(layout.database_url()),
-        requests_per_minute: 1_000_000,
-        conversions_per_minute: 100_000_000,
-        ..Default::default()
-    })
-    .await;
+    let stack =
+        Stack::start_with(StackOptions { database_url: Some(layout.database_url()), ..StackOptions::unlimited() })
+            .await;
     let keys = stack.workspaces_on_every_partition();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
     let cluster = || async {

@@ -18,10 +18,8 @@ async fn a_writer_killed_under_traffic_loses_no_acknowledged_conversion() {
     // none is answered (tested in hardening.rs): the reply-stall time is far off.
     let mut stack = Stack::start_with(StackOptions {
         write_timeout_ms: 2_000,
-        requests_per_minute: 1_000_000,
-        conversions_per_minute: 100_000_000,
         gateway_args: no_reply_stall(),
-        ..Default::default()
+        ..StackOptions::unlimited()
     })
     .await;
     let keys = vec![stack.workspace()];
