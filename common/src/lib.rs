@@ -1,6 +1,7 @@
 //! The runtime the gateway and the writer share.
 //!
 //! - [`kafka`]: every Kafka client setting of both programs (feature `service`).
+//! - [`consume_errors`]: what a consumer does with librdkafka's errors (feature `service`).
 //! - [`service`]: the shutdown signal (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
@@ -11,6 +12,8 @@
 pub use intake_model::{conversion, conversions_on_conflict, error, ids, message, normalize, validate};
 
 pub mod config;
+#[cfg(feature = "service")]
+pub mod consume_errors;
 #[cfg(feature = "service")]
 pub mod kafka;
 pub mod log_writer;

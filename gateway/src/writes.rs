@@ -7,6 +7,7 @@ use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
 use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
+use intake_common::consume_errors::ConsumeErrors;
 use intake_common::ids;
 use intake_common::kafka;
 use intake_common::message::{
@@ -282,12 +283,12 @@ async fn delivered(delivery: DeliveryFuture, waiting: Shared, correlation_id: St
 }
 
 async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metrics: Metrics) {
+    let mut errors = ConsumeErrors::new("reading replies failed");
     loop {
         let message = match consumer.recv().await {
             Ok(message) => message,
             Err(error) => {
-                tracing::warn!(%error, "reading replies failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                errors.record(&error).await;
                 continue;
             }
         };

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// A killed writer keeps its partitions until its session times out (10 s).
 const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(10);
+/// How long the broker stays down after a writer is started without it (an outage's length).
+const STILL_DOWN_AFTER_THE_WRITER_STARTS: Duration = Duration::from_secs(15);
 
 async fn kill_a_writer_and_start_it_again(writers: usize, back_within: Duration) {
     let mut stack = Stack::start_with(StackOptions { writers, ..StackOptions::unlimited() }).await;
@@ -98,7 +100,10 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     // The default shutdown timeout is 10 s; the commit and the group leave wait at most that.
     assert!(took < Duration::from_secs(15), "exited after {took:?}");
 
+    // A writer started while every broker is down, and kept waiting for them a while: the
+    // client errors librdkafka queues meanwhile must not hold its assignment back afterwards.
     stack.start_writer();
+    tokio::time::sleep(STILL_DOWN_AFTER_THE_WRITER_STARTS).await;
     cluster.restart_stopped();
     // Kafka takes writes again: a workspace that sent nothing during the outage gets through.
     let back = Instant::now();

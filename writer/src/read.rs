@@ -7,6 +7,7 @@
 use crate::inbox::{Inbound, Partitions};
 use crate::retry::shutdown_asked;
 use crate::schedule::{Queued, Scheduler};
+use intake_common::consume_errors::ConsumeErrors;
 use rdkafka::consumer::{ConsumerContext, StreamConsumer};
 use rdkafka::message::Message;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ impl Reader {
     ) {
         let mut poll = tokio::time::interval(POLL_AT_LEAST_EVERY);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut errors = ConsumeErrors::new("reading requests failed");
         loop {
             // `recv` is cancel-safe: a message leaves librdkafka's queue only when it returns.
             let received = tokio::select! {
@@ -46,10 +48,7 @@ impl Reader {
             };
             match received {
                 Ok(message) => self.take(&message),
-                Err(error) => {
-                    tracing::warn!(%error, "kafka consume error");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                Err(error) => errors.record(&error).await,
             }
         }
     }
