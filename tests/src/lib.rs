@@ -19,6 +19,14 @@ pub fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with deploy/test.sh"))
 }
 
+/// The repository the tests run from. Taken at run time (cargo and nextest set the variable
+/// for every test) before the path compiled in: checkouts that share one target directory
+/// share its artifacts, and a test built in another checkout would use that checkout's files.
+pub fn repo() -> PathBuf {
+    let tests = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(tests).join("..")
+}
+
 fn bin(name: &str) -> PathBuf {
     PathBuf::from(env("INTAKE_BIN_DIR")).join(name)
 }
@@ -972,7 +980,7 @@ impl KafkaCluster {
 
     /// Starts the node if it is down; prints the bootstrap server.
     fn start_what_is_down(&self) -> Result<String> {
-        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
+        let lib = repo().join("deploy/lib.sh");
         let (dir, base) = (self.dir.display(), self.base_port);
         let script = format!(
             "source {} && RUN={dir}/run LOGS={dir}/logs && mkdir -p $RUN $LOGS \

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn clients() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("clients")
+    intake_tests::repo().join("clients")
 }
 
 /// The tool's path from the environment; a test without its tool fails.

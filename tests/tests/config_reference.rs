@@ -4,7 +4,7 @@ use std::process::{Command, Stdio};
 
 #[test]
 fn the_configuration_reference_matches_the_programs_flags() {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/config-reference.sh");
+    let script = intake_tests::repo().join("deploy/config-reference.sh");
     // The script uses the programs in INTAKE_BIN_DIR, which the suite built.
     let output = Command::new("bash")
         .arg(script)

@@ -53,7 +53,7 @@ impl HaLayout {
 
     /// Runs `script` with deploy/lib.sh sourced; its output or why it failed.
     fn lib(&self, script: &str) -> Result<String, String> {
-        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
+        let lib = intake_tests::repo().join("deploy/lib.sh");
         let output = Command::new("bash")
             .args(["-c", &format!("source {} && {script}", lib.display())])
             .env("INTAKE_HOME", &self.dir)

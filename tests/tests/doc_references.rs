@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 const SKIPPED: &[&str] = &["target", "node_modules", ".git", ".intake", "dist", "fuzz/corpus"];
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    intake_tests::repo()
 }
 
 fn files(dir: &Path, root: &Path, found: &mut Vec<PathBuf>) {

@@ -5,7 +5,7 @@ use std::process::Command;
 
 #[test]
 fn the_fault_harness_finds_nothing_lost_in_its_short_form() {
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/faults.sh");
+    let script = intake_tests::repo().join("deploy/faults.sh");
     let output = Command::new("bash").arg(script).arg("--short").output().unwrap_or_else(|e| panic!("{e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -31,7 +31,7 @@ fn build(args: &[&str]) -> Artifacts {
     let output = command
         .args(["build", "--release", "--message-format=json"])
         .args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .current_dir(intake_tests::repo())
         .output()
         .unwrap_or_else(|e| panic!("cargo: {e}"));
     assert!(output.status.success(), "cargo build {args:?}: {}", String::from_utf8_lossy(&output.stderr));

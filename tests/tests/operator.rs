@@ -164,7 +164,7 @@ async fn dlq_inspect_shows_reasons_and_sources_but_no_identifier() {
 #[test]
 fn kafka_tools_run_from_the_broker_install_without_a_registry() {
     use std::process::Command;
-    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let repo = intake_tests::repo();
     let libs = Command::new("bash")
         .args(["-c", "source deploy/lib.sh && echo \"$KAFKA_LIBS\""])
         .current_dir(&repo)

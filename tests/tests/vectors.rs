@@ -8,8 +8,8 @@ use intake_tests::{database, Stack};
 use std::collections::HashMap;
 
 fn vectors() -> Vec<Value> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/normalization-vectors.json");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let path = intake_tests::repo().join("docs/normalization-vectors.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let vectors: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(vectors["version"], 1);
     vectors["cases"].as_array().cloned().unwrap_or_default()

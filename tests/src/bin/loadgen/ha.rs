@@ -69,7 +69,7 @@ impl Layout {
     /// Runs `script` with deploy/lib.sh sourced and the layout's directory as "$1"; its
     /// messages go to this program's standard error.
     fn lib(&self, script: &str) -> anyhow::Result<()> {
-        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lib.sh");
+        let lib = intake_tests::repo().join("deploy/lib.sh");
         let status = Command::new("bash")
             .arg("-c")
             .arg(format!("source \"$0\" && {script}"))
