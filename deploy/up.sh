@@ -57,6 +57,9 @@ export DATABASE_URL="$(database_url intake)"
 start_process writer "$BIN/intake-writer" run --ops-listen 127.0.0.1:8091
 start_process gateway "$BIN/intake-gateway" --listen 127.0.0.1:8080 --ops-listen 127.0.0.1:8081 --reply-partition 0
 wait_for "gateway" 60 curl -fsS http://127.0.0.1:8081/readyz
+# The writer is ready once the group gave it its partitions: before that, the printed curl would
+# wait for the join (seconds, after a restart of Kafka) before its answer.
+wait_for "writer" 60 curl -fsS http://127.0.0.1:8091/readyz
 
 if [ ! -f "$INTAKE_HOME/demo-key.json" ]; then
     workspace="$("$BIN/intake-writer" workspace create --name "Demo" --site demo.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
