@@ -75,3 +75,19 @@ fn the_quick_start_and_the_suite_share_one_build() {
     let services: Vec<_> = quick_start.files.keys().filter(|(_, _, kind, _)| kind.contains("bin")).collect();
     assert_eq!(services.len(), 2, "the two services, built by both: {services:?}");
 }
+
+/// The programs the quick start and production run keep their symbol table: a panic's
+/// backtrace and a profile name functions (Cargo.toml, `strip` of the release profile).
+#[test]
+fn the_service_binaries_keep_their_symbols() {
+    for program in ["intake-gateway", "intake-writer"] {
+        let path = std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join(program);
+        let sections = Command::new("readelf")
+            .args(["--section-headers", "--wide"])
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("readelf: {e}"));
+        let sections = String::from_utf8_lossy(&sections.stdout);
+        assert!(sections.contains(" .symtab "), "{} has no symbol table:\n{sections}", path.display());
+    }
+}
