@@ -35,19 +35,28 @@ say() { printf '==> %s\n' "$*" >&2; }
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-install_packages() {
+# What the build needs (rdkafka-sys compiles librdkafka, C and C++, with zlib). Rust's own
+# linker (rust-lld, shipped with the toolchain) links, so no linker comes from Debian.
+install_build_packages() {
     local missing=()
-    command -v pg_ctlcluster >/dev/null || [ -x /usr/lib/postgresql/15/bin/pg_ctl ] || missing+=(postgresql)
-    command -v redis-server >/dev/null || missing+=(redis-server)
     command -v make >/dev/null || missing+=(make)
     command -v cc >/dev/null || missing+=(gcc)
     command -v g++ >/dev/null || missing+=(g++)
-    command -v python3 >/dev/null || missing+=(python3)
     [ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+    [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
+}
+
+# What the services and the scripts run. A fresh machine has no package lists: this fetches
+# them, so up.sh runs it while the build goes on.
+install_packages() {
+    install_build_packages
+    local missing=()
+    command -v pg_ctlcluster >/dev/null || [ -x /usr/lib/postgresql/15/bin/pg_ctl ] || missing+=(postgresql)
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v python3 >/dev/null || missing+=(python3)
     command -v curl >/dev/null || missing+=(curl)
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null || missing+=(maven)
-    command -v mold >/dev/null || missing+=(mold)  # the linker of .cargo/config.toml
     [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
 }
 

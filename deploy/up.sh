@@ -32,11 +32,13 @@ if [ "$ha" = 1 ] && ! ha_alive ha-haproxy && port_open "$PG_PORT"; then
     exit 1
 fi
 
-# The build is most of a first run: it goes on while the services are fetched and started.
-install_packages
+# The build is most of a first run: it starts first, and goes on while packages are installed
+# and the services fetched and started.
+install_build_packages
 build &
 building=$!
 trap 'kill "$building" 2>/dev/null || true' EXIT
+install_packages
 
 if [ "$ha" = 1 ]; then
     install_kafka
