@@ -1,7 +1,7 @@
 //! The runtime the gateway and the writer share.
 //!
 //! - [`kafka`]: every Kafka client setting of both programs (feature `service`).
-//! - [`consume_errors`]: what a consumer does with librdkafka's errors (feature `service`).
+//! - [`kafka_errors`]: what the programs do with librdkafka's errors (feature `service`).
 //! - [`service`]: the shutdown signal (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
@@ -13,9 +13,9 @@ pub use intake_model::{conversion, conversions_on_conflict, error, ids, message,
 
 pub mod config;
 #[cfg(feature = "service")]
-pub mod consume_errors;
-#[cfg(feature = "service")]
 pub mod kafka;
+#[cfg(feature = "service")]
+pub mod kafka_errors;
 pub mod log_writer;
 pub mod reference;
 #[cfg(feature = "service")]

@@ -7,9 +7,9 @@ use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
 use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
-use intake_common::consume_errors::ConsumeErrors;
 use intake_common::ids;
 use intake_common::kafka;
+use intake_common::kafka_errors::{ConsumeErrors, QuietContext};
 use intake_common::message::{
     ChainMerge, ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1,
 };
@@ -58,8 +58,8 @@ fn lock(waiting: &Shared) -> std::sync::MutexGuard<'_, Waiting> {
 }
 
 pub struct WriteClient {
-    producer: FutureProducer,
-    consumer: Arc<StreamConsumer>,
+    producer: FutureProducer<QuietContext>,
+    consumer: Arc<StreamConsumer<QuietContext>>,
     waiting: Shared,
     requests_topic: String,
     replies_topic: String,
@@ -82,8 +82,9 @@ impl WriteClient {
         clock_skew_margin: Duration,
         metrics: Metrics,
     ) -> anyhow::Result<Arc<Self>> {
-        let producer: FutureProducer = kafka::request_producer(kafka, timeout).create()?;
-        let consumer: StreamConsumer = kafka::reply_reader(kafka).create()?;
+        let producer = kafka::request_producer(kafka, timeout).create_with_context(QuietContext::default())?;
+        let consumer: StreamConsumer<QuietContext> =
+            kafka::reply_reader(kafka).create_with_context(QuietContext::default())?;
         let consumer = Arc::new(consumer);
         let topic = kafka.replies_topic.clone();
         let high = reply_partition_end(&consumer, &topic, reply_partition).await;
@@ -205,7 +206,7 @@ impl WriteSink for WriteClient {
 
 /// The current end of the reply partition; waits (and says so) while Kafka cannot be reached or
 /// does not know the partition yet, instead of exiting into a crash loop.
-async fn reply_partition_end(consumer: &Arc<StreamConsumer>, topic: &str, partition: i32) -> i64 {
+async fn reply_partition_end(consumer: &Arc<StreamConsumer<QuietContext>>, topic: &str, partition: i32) -> i64 {
     let mut backoff = Duration::from_millis(100);
     loop {
         let (consumer, owned_topic) = (consumer.clone(), topic.to_owned());
@@ -282,7 +283,7 @@ async fn delivered(delivery: DeliveryFuture, waiting: Shared, correlation_id: St
     Err(WriteError::Produce(error))
 }
 
-async fn dispatch_replies(consumer: Arc<StreamConsumer>, waiting: Shared, metrics: Metrics) {
+async fn dispatch_replies(consumer: Arc<StreamConsumer<QuietContext>>, waiting: Shared, metrics: Metrics) {
     let mut errors = ConsumeErrors::new("reading replies failed");
     loop {
         let message = match consumer.recv().await {

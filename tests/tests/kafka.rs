@@ -88,6 +88,7 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     let (key, fresh) = (stack.workspace(), stack.workspace());
     assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
     cluster.kill();
+    let outage = Instant::now();
     let down = || async { std::net::TcpStream::connect(&cluster.bootstrap).is_err() };
     wait_until("the broker down", Duration::from_secs(10), down).await;
     let during = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
@@ -105,6 +106,7 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     stack.start_writer();
     tokio::time::sleep(STILL_DOWN_AFTER_THE_WRITER_STARTS).await;
     cluster.restart_stopped();
+    let outage = outage.elapsed();
     // Kafka takes writes again: a workspace that sent nothing during the outage gets through.
     let back = Instant::now();
     loop {
@@ -122,4 +124,13 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     }
     let reply = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
     assert_eq!(reply.status, 201, "the workspace that wrote during the outage: {}", reply.body);
+
+    // librdkafka raised client errors all along, several a second per client: each client logs
+    // the first and then at most one line per 5 s (four clients: the gateway's producer and
+    // reply reader, the writer's reader and producer), and rdkafka's own line per error is gone.
+    let logs = stack.logs();
+    let logged = logs.matches("Kafka client error").count();
+    let most = 4 * (outage.as_secs() as usize / 5 + 2);
+    assert!((1..=most).contains(&logged), "{logged} lines of client errors in a {outage:?} outage, at most {most}");
+    assert!(!logs.contains("librdkafka: Global error"), "rdkafka's own line per client error");
 }

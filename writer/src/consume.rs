@@ -19,6 +19,7 @@ use crate::retry::Policy;
 use crate::schedule::Scheduler;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use prometheus_client::metrics::counter::Counter;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::producer::FutureProducer;
@@ -122,7 +123,8 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config = kafka::writer_consumer(&settings.kafka, &settings.group_id).map_err(anyhow::Error::msg)?;
-    let kafka_consumer: WriterConsumer = config.create_with_context(WriterContext(health.clone()))?;
+    let kafka_consumer: WriterConsumer =
+        config.create_with_context(WriterContext(health.clone(), QuietContext::default()))?;
     kafka_consumer.subscribe(&[&settings.kafka.requests_topic])?;
     let kafka_consumer = Arc::new(kafka_consumer);
     let partitions: Arc<dyn Partitions> = Arc::new(KafkaPartitions {
@@ -130,7 +132,8 @@ pub async fn run(
         health: health.clone(),
         topic: settings.kafka.requests_topic.clone(),
     });
-    let producer: FutureProducer = kafka::writer_producer(&settings.kafka).create()?;
+    let producer: FutureProducer<QuietContext> =
+        kafka::writer_producer(&settings.kafka).create_with_context(QuietContext::default())?;
     let metrics = health.metrics.clone();
     let outbox = Arc::new(Outbox::new(Arc::new(producer), &settings.kafka, settings.policy, metrics.clone()));
     let scheduler = Arc::new(Scheduler::new(settings.read_budget, MAX_GROUP));

@@ -3,7 +3,9 @@
 //! `/readyz` and `/healthz` on the ops port answer from here (docs/operations.md, "Ops ports").
 
 use crate::metrics::{self, Metrics};
+use intake_common::kafka_errors::QuietContext;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Statistics};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -162,10 +164,15 @@ enum Stall {
     Own,
 }
 
-/// The consumer's callbacks: rebalances and statistics feed [`Health`].
-pub struct WriterContext(pub Arc<Health>);
+/// The consumer's callbacks: rebalances and statistics feed [`Health`]; errors are logged as
+/// by every other client ([`QuietContext`]).
+pub struct WriterContext(pub Arc<Health>, pub QuietContext);
 
 impl ClientContext for WriterContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.1.error(&error, reason);
+    }
+
     fn stats(&self, statistics: Statistics) {
         let Some(topic) = statistics.topics.get(&self.0.topic) else { return };
         // Lag against the offsets the writer stored (applied and answered), not the committed

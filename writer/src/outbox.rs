@@ -6,6 +6,7 @@
 use crate::inbox::{Body, BoxFuture, Inbound};
 use crate::metrics::{self, Metrics};
 use crate::retry::{shutdown_asked, Classify, Failure, Interrupted, Policy, Stop};
+use intake_common::kafka_errors::QuietContext;
 use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequestV1};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -43,7 +44,7 @@ pub trait Sender: Send + Sync {
     fn partitions(&self, topic: &str) -> BoxFuture<'static, Result<i32, KafkaError>>;
 }
 
-impl Sender for FutureProducer {
+impl Sender for FutureProducer<QuietContext> {
     fn send(&self, record: &Record<'_>) -> Delivery {
         let mut future = FutureRecord::to(record.topic).key(record.key).payload(record.payload);
         if let Some(partition) = record.partition {

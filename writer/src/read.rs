@@ -7,7 +7,7 @@
 use crate::inbox::{Inbound, Partitions};
 use crate::retry::shutdown_asked;
 use crate::schedule::{Queued, Scheduler};
-use intake_common::consume_errors::ConsumeErrors;
+use intake_common::kafka_errors::ConsumeErrors;
 use rdkafka::consumer::{ConsumerContext, StreamConsumer};
 use rdkafka::message::Message;
 use std::sync::Arc;

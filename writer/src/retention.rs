@@ -16,8 +16,8 @@
 use crate::topics::segment_ms;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use sqlx::PgPool;
 use std::time::Duration;
 
@@ -78,7 +78,8 @@ pub async fn run(pool: PgPool, kafka: KafkaArgs, margin: Duration) {
 
 /// The windows, from the requests and dead-letter topics' settings (DescribeConfigs).
 pub async fn windows(kafka: &KafkaArgs, margin: Duration) -> anyhow::Result<Option<Windows>> {
-    let admin: AdminClient<DefaultClientContext> = kafka::admin(kafka).create()?;
+    // Made again on each pass, with the writer running: its errors are logged as the writer's.
+    let admin: AdminClient<QuietContext> = kafka::admin(kafka).create_with_context(QuietContext::default())?;
     let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
     let topics = [ResourceSpecifier::Topic(&kafka.requests_topic), ResourceSpecifier::Topic(&kafka.dlq_topic)];
     let mut found = Vec::with_capacity(2);
