@@ -126,11 +126,12 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     assert_eq!(reply.status, 201, "the workspace that wrote during the outage: {}", reply.body);
 
     // librdkafka raised client errors all along, several a second per client: each client logs
-    // the first and then at most one line per 5 s (four clients: the gateway's producer and
-    // reply reader, the writer's reader and producer), and rdkafka's own line per error is gone.
+    // the first and then at most one line per 5 s, and rdkafka's own line per error is gone.
+    // Clients: the gateway's producer and reply reader; the writer's reader, producer and
+    // retention look-up, in each of its two runs (unthrottled, 756 lines in a 47 s outage).
     let logs = stack.logs();
     let logged = logs.matches("Kafka client error").count();
-    let most = 4 * (outage.as_secs() as usize / 5 + 2);
+    let most = 8 * (outage.as_secs() as usize / 5 + 2);
     assert!((1..=most).contains(&logged), "{logged} lines of client errors in a {outage:?} outage, at most {most}");
     assert!(!logs.contains("librdkafka: Global error"), "rdkafka's own line per client error");
 }
