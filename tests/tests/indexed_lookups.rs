@@ -93,7 +93,7 @@ impl Param {
 /// Fails when the generic plan of `statement` scans a big table sequentially: the writer
 /// prepares each statement once and plans it without looking at the values
 /// (`plan_cache_mode`, writer/src/store.rs), so that is the plan it runs with `params`.
-async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Param>) {
+async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Param>) -> Value {
     let mut connection = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
     let prepare = format!("SET plan_cache_mode = force_generic_plan; PREPARE lookup AS {statement}");
     sqlx::raw_sql(&prepare).execute(&mut *connection).await.unwrap_or_else(|e| panic!("PREPARE {name}: {e}"));
@@ -114,6 +114,7 @@ async fn assert_indexed(db: &PgPool, name: &str, statement: &str, params: Vec<Pa
         .collect();
     assert!(scanned.is_empty(), "{name} scans {scanned:?} sequentially: {plan:#}");
     assert!(found.iter().any(|(node, _)| node.contains("Index")), "{name} uses no index: {plan:#}");
+    plan
 }
 
 fn texts(values: &[&str]) -> Param {
@@ -158,7 +159,18 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         ("the conversions", lookups::CLEAR_PERSON_CONVERSIONS, vec![texts(&["cv_11", "cv_12"])]),
     ];
     for (name, statement, params) in checks {
-        assert_indexed(&db, name, statement, params).await;
+        let plan = assert_indexed(&db, name, statement, params).await;
+        // A look-up by an identifier reads that identifier's index, not a range of the
+        // workspace's rows in an index that leads with the workspace id.
+        if let Some(index) = match name {
+            "by email" => Some("conversions_by_email_hash"),
+            "by phone" => Some("conversions_by_phone_hash"),
+            "by contact id" | "one step out" => Some("conversions_by_contact_hash"),
+            "by visitor id" => Some("conversions_by_visitor_hash"),
+            _ => None,
+        } {
+            assert!(plan.to_string().contains(&format!("\"{index}\"")), "{name} reads {index}: {plan:#}");
+        }
     }
 
     // Matching a chunk of 100 conversions, each with all three identifiers.
@@ -184,6 +196,12 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         vec![ws(), external_ids, texts(&["e12"])],
     )
     .await;
+    // A merge finds each chain's rows by the chain id alone, not by a range of the workspace's
+    // rows in another index that leads with the workspace id.
+    let merge =
+        assert_indexed(&db, "a chain merge", lookups::MERGE_CHAINS, vec![ws(), texts(&["ch_12"]), texts(&["ch_4"])])
+            .await;
+    assert!(merge.to_string().contains("\"conversions_by_chain_id\""), "a chain merge: {merge:#}");
 
     // The erasure itself, in the workspace of 190k conversions and visits: one person's five
     // conversions (one email address) and their visits.

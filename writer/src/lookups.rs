@@ -1,10 +1,11 @@
 //! The statements that look a person's rows up by identifier: matching's and erasure's; and
 //! the look-up of the rows a chunk relates to. Each is
-//! a union of lookups that one index answers (migrations 0001, 0003 and 0010 to 0012), not one
-//! condition ORed across columns, which the planner may answer by scanning the whole workspace.
-//! Email and phone digests and visitor ids are looked up through indexes of an 8-byte hash of
-//! the value (`hashtextextended`), a third of an index of the value itself; each row found is
-//! checked against the value and the workspace. Kept apart and free of dependencies so that
+//! a union of lookups that one index answers (migrations 0001, 0003, 0010 to 0012, 0018 and
+//! 0020), not one condition ORed across columns, which the planner may answer by scanning the
+//! whole workspace. Email and phone digests, visitor ids and contact ids are looked up through
+//! indexes of an 8-byte hash of the value (`hashtextextended`; a contact id's seeded with its
+//! workspace's, as contact ids repeat across workspaces), a third of an index of the value
+//! itself; each row found is checked against the value and the workspace. Kept apart and free of dependencies so that
 //! `tests/tests/indexed_lookups.rs` EXPLAINs the very text the writer runs, on tables of
 //! realistic size.
 
@@ -17,7 +18,9 @@ pub const PERSON_BY_PHONE: &str = "SELECT id, left(visitor_id, 16) AS visitor_id
      phone_sha256 FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL
      AND hashtextextended(phone_sha256, 0) = hashtextextended($2, 0) AND phone_sha256 = $2";
 pub const PERSON_BY_CONTACT: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
-     email_sha256, phone_sha256 FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = $2";
+     email_sha256, phone_sha256 FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL
+     AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
+     AND contact_id = $2";
 pub const PERSON_BY_VISITOR: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
      email_sha256, phone_sha256 FROM conversions
      WHERE workspace_id = $1 AND visitor_id IS NOT NULL
@@ -36,7 +39,10 @@ pub const PERSON_ONE_STEP: &str = "
        AND left(visitor_id, 16) = ANY($3)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND contact_id = ANY($4)
+      FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL
+       AND hashtextextended(contact_id, hashtextextended(workspace_id, 0))
+           = ANY(ARRAY(SELECT hashtextextended(c, hashtextextended($1, 0)) FROM unnest($4::text[]) AS c))
+       AND contact_id = ANY($4)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
       FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL
@@ -92,6 +98,14 @@ pub const MATCH_VISITS: &str = "
       JOIN visits v ON v.workspace_id = $1 AND v.recipient_id IS NOT NULL AND v.recipient_id = c.contact_id
                    AND v.visited_at <= c.occurred_at AND v.visited_at >= c.occurred_at - interval '2160 hours'
     ON CONFLICT DO NOTHING";
+
+/// Moves the conversions of workspace `$1` from the chains `$2` to the chains `$3` (a merge).
+/// Each chain is found by the index on the chain id alone (migration 0018): chain ids are unique
+/// across workspaces; the workspace is checked in the row.
+pub const MERGE_CHAINS: &str = "
+    UPDATE conversions c SET chain_id = m.into_chain
+      FROM unnest($2::text[], $3::text[]) AS m(from_chain, into_chain)
+     WHERE c.workspace_id = $1 AND c.chain_id = m.from_chain";
 
 /// The stored rows a chunk's items can touch or link to: those with one of the items' external
 /// ids `$2`, and the children of the items `$3` (see `plan::plan_chunk`).

@@ -433,16 +433,7 @@ async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan
     }
     if !plan.merges.is_empty() {
         let (from, into): (Vec<&str>, Vec<&str>) = plan.merges.iter().map(|(f, i)| (f.as_str(), i.as_str())).unzip();
-        sqlx::query(
-            "UPDATE conversions c SET chain_id = m.into_chain
-               FROM unnest($2::text[], $3::text[]) AS m(from_chain, into_chain)
-              WHERE c.workspace_id = $1 AND c.chain_id = m.from_chain",
-        )
-        .bind(workspace_id)
-        .bind(&from)
-        .bind(&into)
-        .execute(&mut **tx)
-        .await?;
+        sqlx::query(lookups::MERGE_CHAINS).bind(workspace_id).bind(&from).bind(&into).execute(&mut **tx).await?;
         // Chains merged earlier into a chain merged now point straight at the survivor, so an old
         // chain id resolves in one step.
         sqlx::query(

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The schema migrations of `conversions` on a populated table while writes go on, measured on
+# PostgreSQL alone: a database migrated to the schema of the version before the migrations
+# under test, `conversions` loaded with N rows as a year's table stands (every index built
+# after the load, vacuumed and frozen), then `intake-writer migrate` while single upserts arrive
+# at 200 a second. Prints, per migration: its time (as sqlx recorded it), the upserts' p99 and
+# longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
+# after.
+#
+#   deploy/bench-migration.sh                    10 M rows, migrations 0018 to 0021
+#   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
+#
+# Needs PostgreSQL (started if it is not running). Uses the database intake_bench_migration
+# (dropped and created again, dropped at the end). Writes bench/migration.md.
+source "$(dirname "$0")/lib.sh"
+
+rows="${INTAKE_MIGRATION_ROWS:-10000000}"
+db=intake_bench_migration
+first=18 # the first migration under test; the schema before it is the previous version's
+install_packages
+start_postgres
+(cd "$REPO" && cargo build --release -q -p intake-writer)
+writer="$CARGO_TARGET_DIR/release/intake-writer"
+psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+create_database "$db"
+export DATABASE_URL="$(database_url "$db")"
+sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
+pgbench_bin="$(pg_bin pgbench)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"; psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1' EXIT
+
+# The schema of the version before: every migration applied, then those under test undone.
+"$writer" migrate >/dev/null
+sql -c "DROP INDEX conversions_by_chain_id" \
+    -c "CREATE INDEX conversions_by_chain ON conversions (workspace_id, chain_id)" \
+    -c "DROP INDEX conversions_by_contact_hash" \
+    -c "CREATE INDEX conversions_by_contact ON conversions (workspace_id, contact_id) WHERE contact_id IS NOT NULL" \
+    -c "DELETE FROM _sqlx_migrations WHERE version >= $first"
+
+say "loading $rows conversions"
+started="$(date +%s)"
+indexes="$(sql -c "SELECT string_agg(indexdef, '; ') FROM pg_indexes WHERE tablename = 'conversions'
+                   AND indexname NOT IN (SELECT conname FROM pg_constraint)")"
+for name in $(sql -c "SELECT indexname FROM pg_indexes WHERE tablename = 'conversions'
+                      AND indexname NOT IN (SELECT conname FROM pg_constraint)"); do
+    sql -c "DROP INDEX $name"
+done
+# 1,000 workspaces; one conversion in three a purchase in the chain of the lead before it; ids
+# in creation order, as ULIDs are; workspace ids of their real width (29 characters).
+sql -c "INSERT INTO workspaces (id, name, project_id)
+            SELECT 'ws_' || lpad(w::text, 26, '0'), 'w', 'p' FROM generate_series(0, 999) w" \
+    -c "SET session_replication_role = replica" \
+    -c "INSERT INTO chains (id, workspace_id)
+            SELECT 'chn_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0')
+            FROM generate_series(1, $rows) g WHERE g % 3 <> 0" \
+    -c "INSERT INTO conversions (id, workspace_id, event, external_id, parent_external_id, chain_id,
+            occurred_at, visitor_id, click_id, contact_id, email_sha256, phone_sha256,
+            address_sha256, country, value, currency, tags)
+        SELECT 'cnv_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0'),
+            CASE WHEN g % 3 = 0 THEN 'purchase' ELSE 'lead' END, 'ext-' || g,
+            CASE WHEN g % 3 = 0 THEN 'ext-' || (g - 1) END,
+            'chn_' || lpad(to_hex(CASE WHEN g % 3 = 0 THEN g - 1 ELSE g END), 26, '0'),
+            now() - make_interval(secs => $rows - g), 'v' || md5(g::text), 'c' || g, 'ct' || g,
+            encode(sha256(('e' || g)::bytea), 'hex'), encode(sha256(('p' || g)::bytea), 'hex'),
+            encode(sha256(('a' || g)::bytea), 'hex'), 'DE', g % 1000, 'EUR', '[\"crm\"]'
+        FROM generate_series(1, $rows) g"
+sql -c "SET maintenance_work_mem = '512MB'" -c "$indexes"
+sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (ANALYZE) chains" -c "CHECKPOINT"
+loaded_s=$(($(date +%s) - started))
+index_bytes() { sql -c "SELECT indexrelid::regclass || ' ' || round(pg_relation_size(indexrelid)::numeric / $rows, 1)
+                        FROM pg_index WHERE indrelid = 'conversions'::regclass ORDER BY 1"; }
+before="$(index_bytes)"
+
+# A new single conversion in its own new chain, as single_200rps sends them.
+cat >"$work/insert.sql" <<SQL
+\set g random(1, 1000000000)
+BEGIN;
+INSERT INTO chains (id, workspace_id)
+VALUES ('chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'))
+ON CONFLICT DO NOTHING;
+INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
+    email_sha256, value, currency)
+VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
+    'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, now(),
+    'v' || md5(:g::text), encode(sha256(('n' || :g)::bytea), 'hex'), 1, 'EUR')
+ON CONFLICT DO NOTHING;
+END;
+SQL
+# Latencies in ms (p99, longest) of the pgbench transactions that ended between FROM and TO.
+latencies() {
+    cat "$work"/tx* | awk -v from="$1" -v to="$2" '{ t = $5 + $6 / 1e6 } t >= from && t <= to { print $3 }' \
+        | sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) { print "- -"; exit }
+                          printf "%.2f %.2f\n", v[int(NR * 0.99) + 1] / 1000, v[NR] / 1000 }'
+}
+
+say "migrating while single upserts arrive at 200/s"
+"$pgbench_bin" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n -c 2 -j 1 -R 200 -T 100000 \
+    --log --log-prefix="$work/tx" -f "$work/insert.sql" "$db" >"$work/pgbench.txt" 2>&1 &
+bench=$! # stopped below, once the migrations are done: its log up to then is written
+sleep 5 # the upserts under way first
+lsn0="$(sql -c "SELECT pg_current_wal_lsn()")"
+migrate_started="$(date +%s.%N)"
+"$writer" migrate >/dev/null
+migrate_ended="$(date +%s.%N)"
+lsn1="$(sql -c "SELECT pg_current_wal_lsn()")"
+sleep 2
+kill "$bench" 2>/dev/null || true
+wait "$bench" 2>/dev/null || true
+after="$(index_bytes)"
+read -r p99 longest <<<"$(latencies "$migrate_started" "$migrate_ended")"
+read -r before_p99 _ <<<"$(latencies 0 "$migrate_started")"
+
+mkdir -p "$REPO/bench"
+report="$REPO/bench/migration.md"
+{
+    echo "# Migrations of conversions on a populated table under writes"
+    echo
+    echo "\`deploy/bench-migration.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" rev-parse --short HEAD)\`; $rows conversions (loaded, indexed and vacuumed in $loaded_s s); single upserts at 200/s throughout. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
+    echo
+    echo "| migration | time s |"
+    echo "|---|---|"
+    sql -F ' | ' -c "SELECT '| ' || version || '_' || description, round(execution_time / 1e9, 2) || ' |'
+                     FROM _sqlx_migrations WHERE version >= $first ORDER BY version"
+    echo
+    echo "All of them: $(awk "BEGIN { printf \"%.1f\", $migrate_ended - $migrate_started }") s, WAL $(sql -c "SELECT pg_size_pretty('$lsn1'::pg_lsn - '$lsn0'::pg_lsn)"). Upserts at 200/s: p99 $before_p99 ms before; during the migrations p99 $p99 ms, longest $longest ms."
+    echo
+    echo "Index bytes per conversion, before:"
+    echo
+    echo '```'
+    echo "$before"
+    echo '```'
+    echo
+    echo "after:"
+    echo
+    echo '```'
+    echo "$after"
+    echo '```'
+} >"$report"
+cat "$report"
