@@ -7,7 +7,7 @@
 # longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
 # after.
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0018 to 0021
+#   deploy/bench-migration.sh                    10 M rows, migrations 0018 to 0022
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
 #
 # Needs PostgreSQL (started if it is not running). Uses the database intake_bench_migration
@@ -33,7 +33,7 @@ trap 'rm -rf "$work"; psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATA
 "$writer" migrate >/dev/null
 sql -c "DROP INDEX conversions_by_chain_id" \
     -c "CREATE INDEX conversions_by_chain ON conversions (workspace_id, chain_id)" \
-    -c "DROP INDEX conversions_by_contact_hash" \
+    -c "DROP INDEX conversions_by_contact_hash" -c "DROP STATISTICS conversions_contact_hash" \
     -c "CREATE INDEX conversions_by_contact ON conversions (workspace_id, contact_id) WHERE contact_id IS NOT NULL" \
     -c "DELETE FROM _sqlx_migrations WHERE version >= $first"
 
