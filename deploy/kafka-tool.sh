@@ -18,10 +18,11 @@ case "$tool" in
 esac
 shift
 
-# On a machine where the broker was never installed, install it as up.sh would.
+# The tools are installed with the broker, never fetched here: an operator's machine may have
+# no registry to fetch them from.
 if [ ! -f "$KAFKA_LIBS/kafka-tools-$KAFKA_VERSION.jar" ]; then
-    command -v mvn >/dev/null || install_packages
-    install_kafka
+    say "Kafka's tools are not installed ($KAFKA_LIBS): deploy/up.sh installs them with the broker"
+    exit 1
 fi
 
 args=("$@")

@@ -31,6 +31,7 @@ use clap::Parser;
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
 use intake_common::error::ErrorCode;
 use parse_errors::OnRefusedHead;
+use prometheus_client::metrics::gauge::Gauge;
 use routes::Route;
 use state::AppState;
 use std::convert::Infallible;
@@ -250,7 +251,15 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     // The ops port's requests are not counted in the request metrics, nor are its refused heads.
-    tokio::spawn(server::serve(ops, None, ops_service, settings, Arc::new(|_| ()), CancellationToken::new()));
+    tokio::spawn(server::serve(
+        ops,
+        None,
+        ops_service,
+        settings,
+        Arc::new(|_| ()),
+        Gauge::default(),
+        CancellationToken::new(),
+    ));
 
     let write_timeout = ms(config.write_timeout_ms);
     let writes = writes::WriteClient::start(
@@ -297,12 +306,14 @@ async fn main() -> anyhow::Result<()> {
         let metrics = state.metrics.clone();
         Arc::new(move |code: ErrorCode| metrics.observe(Route::UNKNOWN, code.status(), Duration::ZERO))
     };
+    let open_connections = state.metrics.connections.clone();
     let api_server = tokio::spawn(server::serve(
         api,
         tls,
         app::api_service(state, config.max_requests_in_flight),
         settings,
         refused_head,
+        open_connections,
         shutdown.clone(),
     ));
     // Only now can it be ready: a probe that sees 200 finds the API accepting.

@@ -78,6 +78,8 @@ pub struct Metrics {
     pub kafka_roundtrip: Histogram,
     pub writes_in_flight: Gauge,
     pub writes_reading: Gauge,
+    /// API connections open (each holds one of `--max-connections`).
+    pub connections: Gauge,
     pub load_shed: Family<ShedLabels, Counter>,
     pub ratelimit_refused: Family<LimitLabels, Counter>,
     pub redis_fail_open: Counter,
@@ -96,6 +98,7 @@ impl Metrics {
             kafka_roundtrip: seconds(),
             writes_in_flight: Gauge::default(),
             writes_reading: Gauge::default(),
+            connections: Gauge::default(),
             load_shed: Family::default(),
             ratelimit_refused: Family::default(),
             redis_fail_open: Counter::default(),
@@ -118,6 +121,11 @@ impl Metrics {
             "writes_reading",
             "Write requests admitted whose body is being read (held against their workspace's share only)",
             metrics.writes_reading.clone(),
+        );
+        registry.register(
+            "connections",
+            "API connections open, of either protocol (at most --max-connections; more wait to be accepted)",
+            metrics.connections.clone(),
         );
         registry.register(
             "load_shed",

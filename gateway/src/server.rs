@@ -35,6 +35,7 @@ use bytes::{Buf, Bytes};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::metrics::gauge::Gauge;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -123,13 +124,14 @@ impl<B> ResponseBody for B where
 }
 
 /// Serves connections until `shutdown` is cancelled, then lets open ones finish (up to the grace
-/// period). With `tls`, every connection is TLS.
+/// period). With `tls`, every connection is TLS. `open` counts the connections being served.
 pub async fn serve<S: ApiService>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     service: S,
     settings: Settings,
     on_refused_head: OnRefusedHead,
+    open: Gauge,
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(settings.max_connections));
@@ -161,7 +163,7 @@ pub async fn serve<S: ApiService>(
             service: service.clone(),
             on_refused_head: on_refused_head.clone(),
             shutdown: shutdown.clone(),
-            _slot: slot,
+            _slot: Slot::take(slot, &open),
         };
         connections.spawn(connection.run(stream, tls.clone()));
     }
@@ -208,7 +210,26 @@ struct Connection<S> {
     /// Told of each HTTP/1 head hyper's parser refused (parse_errors.rs).
     on_refused_head: OnRefusedHead,
     shutdown: CancellationToken,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
+}
+
+/// One of `max_connections`, counted in the open connections' gauge while held.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Slot {
+    fn take(permit: OwnedSemaphorePermit, open: &Gauge) -> Slot {
+        open.inc();
+        Slot { _permit: permit, open: open.clone() }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 impl<S: ApiService> Connection<S> {

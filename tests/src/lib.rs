@@ -556,6 +556,21 @@ impl Stack {
         wait_until(&format!("{count} writes in flight"), Duration::from_secs(10), in_flight).await;
     }
 
+    /// GET of an ops URL (a gateway's or a writer's /readyz, /healthz, /metrics): its status and
+    /// body, or (0, "") while nothing answers there.
+    pub async fn ops_get(&self, url: &str) -> (u16, String) {
+        match self.http.get(url).send().await {
+            Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Waits until the gateway counts at least `count` API connections open.
+    pub async fn wait_connections(&self, count: f64) {
+        let open = || async { self.metrics().await.value("intake_gateway_connections") >= count };
+        wait_until(&format!("{count} connections open"), Duration::from_secs(10), open).await;
+    }
+
     /// Waits until the gateway's /readyz answers 503 (after SIGTERM: it is shutting down).
     pub async fn wait_not_ready(&self) {
         let readyz = format!("{}/readyz", self.ops_url);
@@ -767,6 +782,29 @@ pub async fn stored_count(db: &sqlx::PgPool, workspace_id: &str) -> i64 {
         .fetch_one(db)
         .await
         .unwrap_or_else(|e| panic!("counting the conversions of {workspace_id}: {e}"))
+}
+
+/// Columns (or expressions) of one stored conversion as PostgreSQL prints them, `NULL` as
+/// `None`, in the order asked; `None` while the conversion is not stored.
+pub async fn stored_fields(
+    db: &sqlx::PgPool,
+    workspace_id: &str,
+    event: &str,
+    external_id: &str,
+    columns: &[&str],
+) -> Option<Vec<Option<String>>> {
+    let list: Vec<String> = columns.iter().map(|column| format!("({column})::text")).collect();
+    let sql = format!(
+        "SELECT ARRAY[{}] FROM conversions WHERE workspace_id = $1 AND event = $2 AND external_id = $3",
+        list.join(", ")
+    );
+    sqlx::query_scalar(&sql)
+        .bind(workspace_id)
+        .bind(event)
+        .bind(external_id)
+        .fetch_optional(db)
+        .await
+        .unwrap_or_else(|e| panic!("reading {columns:?} of {workspace_id}'s {event} {external_id}: {e}"))
 }
 
 /// The conversions a workspace has stored: external id → value (as PostgreSQL prints it).

@@ -26,10 +26,41 @@ fn tool(variable: &str) -> String {
 /// Runs the command to its end; its output is printed, and shown in the panic when it failed.
 fn succeed(mut command: Command, what: &str) -> Output {
     let output = command.output().unwrap_or_else(|e| panic!("starting {what}: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = output_text(&output);
     assert!(output.status.success(), "{what} failed ({}):\n{text}", output.status);
     println!("{text}");
     output
+}
+
+fn output_text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// A library's suite skips a test when a tool or the live service is missing (friendly to a
+/// developer running it alone); here a skip is a failure: every test of it must have run.
+fn nothing_skipped(output: &Output, what: &str) {
+    let text = output_text(output);
+    let skipped = skipped_count(&text);
+    assert_eq!(skipped, 0, "{what} skipped {skipped} test(s):\n{text}");
+}
+
+/// The skipped tests a pytest ("3 passed, 1 skipped in 0.2s") or node --test ("# skipped 1",
+/// "# todo 1") summary reports.
+fn skipped_count(text: &str) -> u32 {
+    let pytest: u32 = text
+        .lines()
+        .map(|line| {
+            let words: Vec<&str> = line.split([' ', ',', '=']).filter(|w| !w.is_empty()).collect();
+            words.windows(2).filter(|w| w[1] == "skipped").filter_map(|w| w[0].parse::<u32>().ok()).sum::<u32>()
+        })
+        .sum();
+    let node = |word: &str| {
+        text.lines()
+            .filter_map(|line| line.trim().strip_prefix(word))
+            .filter_map(|rest| rest.trim().parse::<u32>().ok())
+            .sum::<u32>()
+    };
+    pytest + node("# skipped") + node("# todo")
 }
 
 fn live(command: &mut Command, stack: &Stack) {
@@ -52,7 +83,8 @@ async fn the_python_library_passes_its_tests_against_the_service() {
         .env("PYTHONPATH", dir.join("src"))
         .env("PYTHONDONTWRITEBYTECODE", "1");
     live(&mut command, &stack);
-    succeed(command, "pytest of clients/python");
+    let output = succeed(command, "pytest of clients/python");
+    nothing_skipped(&output, "pytest of clients/python");
 }
 
 #[tokio::test]
@@ -69,7 +101,8 @@ async fn the_typescript_library_passes_its_tests_against_the_service() {
     let mut command = Command::new(node);
     command.arg("--test").args(&tests).current_dir(&dir);
     live(&mut command, &stack);
-    succeed(command, "node --test of clients/typescript");
+    let output = succeed(command, "node --test of clients/typescript");
+    nothing_skipped(&output, "node --test of clients/typescript");
 }
 
 /// `npm install ./clients/typescript` takes the committed dist/ as it is: it must be what src/
@@ -103,4 +136,13 @@ fn the_typescript_dist_is_compiled_from_its_sources() {
     for ((name, built), (_, committed)) in built.iter().zip(&committed) {
         assert!(built == committed, "dist/{name} is not what src/ compiles to: npm run build, and commit dist/");
     }
+}
+
+#[test]
+fn a_skip_in_either_summary_is_counted() {
+    assert_eq!(skipped_count("12 passed, 1 skipped in 0.52s"), 1);
+    assert_eq!(skipped_count("12 passed in 0.52s"), 0);
+    assert_eq!(skipped_count("==== 10 passed, 2 skipped, 1 warning in 1.1s ===="), 2);
+    assert_eq!(skipped_count("# tests 9\n# pass 7\n# skipped 2\n# todo 0\n"), 2);
+    assert_eq!(skipped_count("# tests 9\n# pass 9\n# skipped 0\n# todo 1\n"), 1);
 }

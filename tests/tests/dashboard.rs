@@ -293,15 +293,7 @@ async fn the_dashboard_names_only_metrics_the_programs_export() {
     // `# TYPE` line from the start.
     let stack = Stack::start().await;
     let gateway = stack.metrics().await.0;
-    let writer = stack
-        .http
-        .get(format!("{}/metrics", stack.writer_ops_urls[0]))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("scraping the writer: {e}"))
-        .text()
-        .await
-        .unwrap_or_else(|e| panic!("reading the writer's metrics: {e}"));
+    let writer = stack.writer_metrics(0).await.0;
     let mut exported = exported_names(&gateway);
     exported.extend(exported_names(&writer));
     assert!(

@@ -3,7 +3,7 @@
 //! is applied. What is sent after the erasure is a later send, stored as sent (docs/api.md, "Erasure").
 
 use intake_tests::serde_json::json;
-use intake_tests::{database, now_ms, Stack, StackOptions};
+use intake_tests::{database, now_ms, stored_fields, Stack, StackOptions};
 use std::time::{Duration, Instant};
 
 fn unique(length: usize) -> String {
@@ -11,16 +11,9 @@ fn unique(length: usize) -> String {
 }
 
 /// The stored identifiers of a workspace's conversion, once it is stored.
-async fn stored(workspace_id: &str, external_id: &str) -> Option<Vec<Option<String>>> {
-    sqlx::query_scalar(
-        "SELECT ARRAY[visitor_id, contact_id, email_sha256, phone_sha256, hdyhau] FROM conversions
-          WHERE workspace_id = $1 AND external_id = $2",
-    )
-    .bind(workspace_id)
-    .bind(external_id)
-    .fetch_optional(&database().await)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
+async fn stored(workspace_id: &str, event: &str, external_id: &str) -> Option<Vec<Option<String>>> {
+    let columns = ["visitor_id", "contact_id", "email_sha256", "phone_sha256", "hdyhau"];
+    stored_fields(&database().await, workspace_id, event, external_id, &columns).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -53,23 +46,23 @@ async fn a_write_sent_before_an_erasure_and_applied_after_it_stays_erased() {
     // The writer comes back and applies the batch sent before the erasure.
     stack.start_writer();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while stored(&ws, &other).await.is_none() {
+    while stored(&ws, "purchase", &other).await.is_none() {
         assert!(Instant::now() < deadline, "the pending batch was never applied");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        stored(&ws, &pending).await,
+        stored(&ws, "purchase", &pending).await,
         Some(vec![None; 5]),
         "the person's item sent before the erasure is stored as the erasure left the person's data"
     );
-    let kept = stored(&ws, &other).await.unwrap_or_default();
+    let kept = stored(&ws, "purchase", &other).await.unwrap_or_default();
     assert!(kept[2].is_some(), "someone else's item in the same batch keeps its identifiers: {kept:?}");
-    assert_eq!(stored(&ws, first["external_id"].as_str().unwrap_or_default()).await, Some(vec![None; 5]));
+    assert_eq!(stored(&ws, "lead", first["external_id"].as_str().unwrap_or_default()).await, Some(vec![None; 5]));
 
     // Sent again now, after the erasure, it is a later send: stored as sent.
     let again = stack.post("/v1/conversions/batch", &key, &batch).await;
     assert_eq!(again.status, 200, "{again:?}");
-    let resent: Vec<Option<String>> = stored(&ws, &pending).await.unwrap_or_default();
+    let resent: Vec<Option<String>> = stored(&ws, "purchase", &pending).await.unwrap_or_default();
     let sent_again = [&resent[0], &resent[1], &resent[2], &resent[4]]; // no phone was sent
     assert!(sent_again.iter().all(|v| v.is_some()), "a later send stores the data again: {resent:?}");
 }

@@ -126,11 +126,8 @@ async fn a_database_outage_delays_writes_and_loses_none() {
     // that no orchestrator restarts it for an outage a restart cannot end.
     let ops = |path: &'static str| {
         let url = format!("{}{path}", stack.writer_ops_urls[0]);
-        let http = stack.http.clone();
-        async move {
-            let Ok(response) = http.get(url).send().await else { return (0, String::new()) };
-            (response.status().as_u16(), response.text().await.unwrap_or_default())
-        }
+        let stack = &stack;
+        async move { stack.ops_get(&url).await }
     };
     let stalled = || async { ops("/readyz").await == (503, r#"{"status":"not_ready","reason":"stalled"}"#.into()) };
     wait_until("the writer stalled", stall + Duration::from_secs(10), stalled).await;

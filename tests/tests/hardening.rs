@@ -197,9 +197,8 @@ async fn well_behaved_clients_are_served_fast_while_100_slow_clients_hang() {
         }
         slow.push(client);
     }
-    // Time for the gateway to take in what the slow clients sent (nothing counts open
-    // connections to poll on); the fast requests below are measured against that load.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The fast requests below are measured against that load: all 100 taken in first.
+    stack.wait_connections(100.0).await;
 
     let mut took = Vec::new();
     for n in 0..30 {
@@ -237,8 +236,7 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     for _ in 0..5 {
         holders.push(Raw::connect(&stack).await);
     }
-    // Time for the gateway to accept the five (nothing counts open connections to poll on).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    stack.wait_connections(5.0).await;
     let started = Instant::now();
     let reply = stack.send(reqwest::Method::GET, "/v1/openapi.json", None, None).await;
     let waited = started.elapsed();

@@ -159,6 +159,7 @@ async fn a_database_outage_past_the_poll_interval_keeps_the_writer_in_its_group_
     assert!(report.recovered_after.is_some_and(|after| after < Duration::from_secs(40)), "{report:?}");
     assert!(report.unexpected.is_empty(), "{report:?}");
     assert!(ledger.is_clean(), "{ledger:?}");
+    assert!(ledger.updated > 0, "the traffic updated rows: {ledger:?}");
 }
 
 /// Runs `intake-writer run` with one more Kafka option and returns its exit status and stderr,
@@ -203,10 +204,7 @@ fn the_writer_refuses_incremental_rebalancing_at_start() {
 }
 
 async fn ops(stack: &Stack, ops_url: &str, path: &str) -> (u16, String) {
-    match stack.http.get(format!("{ops_url}{path}")).send().await {
-        Ok(response) => (response.status().as_u16(), response.text().await.unwrap_or_default()),
-        Err(_) => (0, String::new()),
-    }
+    stack.ops_get(&format!("{ops_url}{path}")).await
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! `details` capped. Bodies are sent as raw text so that numbers arrive exactly as written.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, now_ms, Stack, TestKey};
+use intake_tests::{conversion, database, now_ms, stored_fields, Stack, TestKey};
 
 /// What the client saw: status, body, and the body's size in bytes.
 struct Answer {
@@ -57,15 +57,8 @@ fn detail_paths(error: &Value) -> Vec<&str> {
 
 /// One stored column of a conversion, as text (`NULL` as `None`).
 async fn stored(key: &TestKey, external_id: &str, column: &str) -> Option<String> {
-    let sql = format!(
-        "SELECT {column}::text FROM conversions WHERE workspace_id = $1 AND event = 'lead' AND external_id = $2"
-    );
-    sqlx::query_scalar::<_, Option<String>>(&sql)
-        .bind(&key.workspace_id)
-        .bind(external_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or_else(|e| panic!("{external_id} not stored: {e}"))
+    let row = stored_fields(&database().await, &key.workspace_id, "lead", external_id, &[column]).await;
+    row.unwrap_or_else(|| panic!("{external_id} not stored")).remove(0)
 }
 
 /// Lower-case hex SHA-256 of `text`, computed by PostgreSQL.

@@ -199,5 +199,18 @@ fn kafka_tools_run_from_the_broker_install_without_a_registry() {
     let described = tool(&["kafka-topics", "--describe", "--topic", &topic]);
     assert!(described.contains("PartitionCount: 2"), "{described}");
     tool(&["kafka-topics", "--delete", "--topic", &topic]);
+
+    // Without the broker's install it fetches nothing: it fails, and says what installs them.
+    let empty = cache.join("empty");
+    std::fs::create_dir_all(&empty).unwrap_or_else(|e| panic!("{e}"));
+    let output = Command::new(repo.join("deploy/kafka-tool.sh"))
+        .args(["kafka-topics", "--list"])
+        .env("INTAKE_CACHE", &empty)
+        .env("PATH", &path)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success() && text.contains("deploy/up.sh"), "{}: {text}", output.status);
+    assert!(!text.contains("no registry here"), "it tried to fetch them: {text}");
     std::fs::remove_dir_all(&cache).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -4,7 +4,7 @@
 //! hashed path.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, Stack, TestKey};
+use intake_tests::{conversion, database, stored_fields, Stack, TestKey};
 
 const FIELDS: [&str; 3] = ["email_sha256", "phone_sha256", "address_sha256"];
 
@@ -19,15 +19,10 @@ async fn sha256(text: &str) -> String {
 
 /// The three hash columns of a conversion.
 async fn stored_hashes(key: &TestKey, external_id: &Value) -> Vec<Option<String>> {
-    sqlx::query_scalar(
-        "SELECT ARRAY[email_sha256, phone_sha256, address_sha256] FROM conversions
-          WHERE workspace_id = $1 AND event = 'lead' AND external_id = $2",
-    )
-    .bind(&key.workspace_id)
-    .bind(external_id.as_str().unwrap_or_default())
-    .fetch_one(&database().await)
-    .await
-    .unwrap_or_else(|e| panic!("{external_id} not stored: {e}"))
+    let external_id = external_id.as_str().unwrap_or_default();
+    let columns = ["email_sha256", "phone_sha256", "address_sha256"];
+    let row = stored_fields(&database().await, &key.workspace_id, "lead", external_id, &columns).await;
+    row.unwrap_or_else(|| panic!("{external_id} not stored"))
 }
 
 fn detail_paths(error: &Value) -> Vec<&str> {

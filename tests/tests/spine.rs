@@ -1,21 +1,18 @@
 //! One conversion from HTTP through Kafka to PostgreSQL and back.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, join_all, stored_count, stored_values, Stack, StackOptions};
+use intake_tests::{conversion, database, join_all, stored_count, stored_fields, stored_values, Stack, StackOptions};
 use std::time::Duration;
 
+/// The stored id, value, hdyhau and currency.
 async fn stored(
     workspace_id: &str,
     event: &str,
     external_id: &str,
 ) -> Option<(String, Option<String>, Option<String>, Option<String>)> {
-    sqlx::query_as("SELECT id, value::text, hdyhau, currency FROM conversions WHERE workspace_id = $1 AND event = $2 AND external_id = $3")
-        .bind(workspace_id)
-        .bind(event)
-        .bind(external_id)
-        .fetch_optional(&database().await)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    let columns = ["id", "value", "hdyhau", "currency"];
+    let row = stored_fields(&database().await, workspace_id, event, external_id, &columns).await?;
+    Some((row[0].clone().unwrap_or_default(), row[1].clone(), row[2].clone(), row[3].clone()))
 }
 
 #[tokio::test]

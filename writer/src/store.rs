@@ -549,3 +549,50 @@ async fn match_visits(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intake_common::message::RequestPart;
+
+    fn chunk(request: Option<(&str, u32)>) -> WriteRequestV1 {
+        WriteRequestV1 {
+            correlation_id: "c".to_owned(),
+            reply_partition: 0,
+            deadline_ms: 0,
+            received_at_ms: 0,
+            workspace_id: "ws_a".to_owned(),
+            items: Vec::new(),
+            request: request.map(|(id, index)| RequestPart { id: id.to_owned(), index }),
+        }
+    }
+
+    #[test]
+    fn only_the_chunks_after_their_requests_failed_one_are_skipped() {
+        let failed = HashMap::from([("r1".to_owned(), 1)]);
+        assert!(!in_failed_request(&chunk(Some(("r1", 0))), &failed), "before the failed chunk: applied");
+        assert!(!in_failed_request(&chunk(Some(("r1", 1))), &failed), "the failed chunk is not one after it");
+        assert!(in_failed_request(&chunk(Some(("r1", 2))), &failed));
+        assert!(!in_failed_request(&chunk(Some(("r2", 3))), &failed), "another request");
+        assert!(!in_failed_request(&chunk(None), &failed), "a chunk of a gateway that names no request");
+    }
+
+    #[test]
+    fn every_connection_carries_the_timeouts_and_generic_plans() {
+        let timeouts = Timeouts {
+            statement: Duration::from_secs(30),
+            lock: Duration::from_millis(250),
+            idle_in_transaction: Duration::from_secs(60),
+        };
+        let options = with_timeouts(PgConnectOptions::new(), timeouts);
+        let options = options.get_options().unwrap_or_default();
+        for setting in [
+            "statement_timeout=30000",
+            "lock_timeout=250",
+            "idle_in_transaction_session_timeout=60000",
+            "plan_cache_mode=force_generic_plan",
+        ] {
+            assert!(options.contains(setting), "{setting} in {options}");
+        }
+    }
+}
