@@ -37,9 +37,11 @@ fi
 install_build_packages
 build &
 building=$!
-trap 'kill "$building" 2>/dev/null || true' EXIT
+trap 'kill "$building" ${warming:-} 2>/dev/null || true' EXIT
 install_packages
 
+kafka_was_running=0
+port_open "$KAFKA_PORT" && kafka_was_running=1
 if [ "$ha" = 1 ]; then
     install_kafka
     reserve_ports
@@ -48,6 +50,11 @@ if [ "$ha" = 1 ]; then
     start_kafka
 else
     start_infrastructure
+fi
+# A broker started now is warmed up beside the build (lib.sh, warm_kafka).
+if [ "$kafka_was_running" = 0 ]; then
+    warm_kafka &
+    warming=$!
 fi
 wait "$building" || { say "the build failed (above)"; exit 1; }
 
@@ -62,6 +69,8 @@ wait_for "gateway" 60 curl -fsS http://127.0.0.1:8081/readyz
 # The writer is ready once the group gave it its partitions: before that, the printed curl would
 # wait for the join (seconds, after a restart of Kafka) before its answer.
 wait_for "writer" 60 curl -fsS http://127.0.0.1:8091/readyz
+
+[ -z "${warming:-}" ] || wait "$warming"
 
 if [ ! -f "$INTAKE_HOME/demo-key.json" ]; then
     workspace="$("$BIN/intake-writer" workspace create --name "Demo" --site demo.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
