@@ -51,12 +51,13 @@ if [ "$ha" = 1 ]; then
 else
     start_infrastructure
 fi
-# A broker started now is warmed up beside the build (lib.sh, warm_kafka).
+wait "$building" || { say "the build failed (above)"; exit 1; }
+# A broker started now is warmed up (lib.sh, warm_kafka) while the services start: beside the
+# build, it took CPU from it, and the build is most of a first run.
 if [ "$kafka_was_running" = 0 ]; then
     warm_kafka &
     warming=$!
 fi
-wait "$building" || { say "the build failed (above)"; exit 1; }
 
 create_database intake
 export DATABASE_URL="$(database_url intake)"
