@@ -13,6 +13,7 @@ mod health;
 mod inbox;
 mod lookups;
 mod metrics;
+mod migrations;
 mod ops;
 mod outbox;
 mod partitions;
@@ -310,7 +311,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
         Command::Migrate { database } => {
             let pool = store::connect(&database.url, 1).await?;
-            sqlx::migrate!("../migrations").run(&pool).await?;
+            migrations::migrator().run(&pool).await?;
             Ok(json!({ "migrated": true }))
         }
         Command::Run {
