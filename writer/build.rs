@@ -7,9 +7,13 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
-    println!("cargo:rerun-if-changed={}", dir.display());
-    let mut files: Vec<(i64, String, String)> = std::fs::read_dir(&dir)
+    // Relative, so that cargo watches the migrations of the checkout being built: checkouts on
+    // this machine share one target directory, and with it this script's last output.
+    println!("cargo:rerun-if-changed=../migrations");
+    // Read when the script runs, not when it compiles, for the same reason.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|e| panic!("CARGO_MANIFEST_DIR: {e}"));
+    let dir = Path::new(&manifest).join("../migrations");
+    let mut migrations: Vec<(i64, String, String)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|entry| entry.ok())
         .filter_map(|entry| {
@@ -18,14 +22,15 @@ fn main() {
             let (version, rest) = name.split_once('_')?;
             let description = rest.strip_suffix(".sql")?.replace('_', " ");
             let version = version.parse().unwrap_or_else(|e| panic!("{name}: version: {e}"));
-            let path = entry.path().canonicalize().unwrap_or_else(|e| panic!("{name}: {e}"));
-            Some((version, description, path.display().to_string()))
+            let sql = std::fs::read_to_string(entry.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            Some((version, description, sql))
         })
         .collect();
-    files.sort();
+    migrations.sort();
+    // The SQL as literals, not include_str! of paths: the output names no checkout.
     let mut out = String::from("pub const MIGRATIONS: &[(i64, &str, &str)] = &[\n");
-    for (version, description, path) in &files {
-        let _ = writeln!(out, "    ({version}, {description:?}, include_str!({path:?})),");
+    for (version, description, sql) in &migrations {
+        let _ = writeln!(out, "    ({version}, {description:?}, {sql:?}),");
     }
     out.push_str("];\n");
     let target = Path::new(&std::env::var("OUT_DIR").unwrap_or_else(|e| panic!("OUT_DIR: {e}"))).join("migrations.rs");
