@@ -245,6 +245,64 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
     eprintln!("the held workspace wrote again {:?} after the release", released.elapsed());
 }
 
+/// Small writes of several workspaces share a transaction (docs/architecture.md, "Isolation in
+/// the writer"): one whose statement is slow ends that transaction within its tight bound,
+/// is set apart and applied alone, and its neighbours wait for it no longer than that bound.
+#[tokio::test]
+async fn a_slow_write_beside_other_workspaces_holds_them_up_only_briefly() {
+    // Two workers for 24 senders: messages wait for a worker, and are taken together.
+    let (_own, stack, db) = own_stack(&["--apply-lanes", "2"]).await;
+    let function = format!("slow_{}", ulid::Ulid::new().to_string().to_lowercase());
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.external_id LIKE 'slow-%' THEN PERFORM pg_sleep(3); END IF; RETURN NEW; END $$;
+         CREATE TRIGGER {function} BEFORE INSERT ON conversions FOR EACH ROW EXECUTE FUNCTION {function}();"
+    ))
+    .execute(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let slow_key = stack.workspace();
+    let others: Vec<TestKey> = (0..24).map(|_| stack.workspace()).collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sending: Vec<_> = others
+        .iter()
+        .map(|key| {
+            let (client, key, done) = (stack.client(), key.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut sends = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let sent = Instant::now();
+                    let status = client.post("/v1/conversions", &key, &conversion("lead")).await.status;
+                    sends.push((status, sent.elapsed()));
+                }
+                sends
+            })
+        })
+        .collect();
+    // Twice: each time it most likely waits for a worker beside the neighbours' sends.
+    let mut slow_took = Vec::new();
+    for _ in 0..2 {
+        let mut slow = conversion("lead");
+        slow["external_id"] = json!(format!("slow-{}", ulid::Ulid::new()));
+        let started = Instant::now();
+        let reply = stack.post("/v1/conversions", &slow_key, &slow).await;
+        slow_took.push(started.elapsed());
+        assert_eq!(reply.status, 201, "applied alone: {}", reply.body);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut slowest = Duration::ZERO;
+    for (key, task) in others.iter().zip(sending) {
+        let sends = task.await.unwrap_or_default();
+        assert!(sends.iter().all(|(status, _)| *status == 201), "{sends:?}");
+        slowest = slowest.max(sends.iter().map(|(_, took)| *took).max().unwrap_or_default());
+        assert_eq!(stored_count(&db, &key.workspace_id).await, i64::try_from(sends.len()).unwrap_or(-1));
+    }
+    // A slow write that was tried beside others first took about a second more.
+    eprintln!("the slow writes took {slow_took:?}; the neighbours' slowest send {slowest:?}");
+    assert!(slowest < Duration::from_millis(2_500), "a neighbour waited {slowest:?} for the slow write");
+    assert_eq!(stored_count(&db, &slow_key.workspace_id).await, 2);
+}
+
 #[tokio::test]
 async fn a_row_lock_held_elsewhere_is_waited_out_not_dead_lettered() {
     let stack = Stack::start_with(StackOptions {

@@ -4,7 +4,9 @@
 //! read and one whose reply partition does not exist are answered where they stand in the
 //! workspace's order: their request is marked failed (so that no later chunk of it is applied)
 //! and, but for the expired chunk, the message is dead-lettered. The group's replies leave
-//! together, in one round trip.
+//! together, in one round trip. Small groups of plain chunks of several workspaces share one
+//! transaction (one commit), each workspace under its own lock; a workspace in trouble is
+//! applied alone (`Worker::gather`, docs/architecture.md "Isolation in the writer").
 //!
 //! A workspace whose lock is held elsewhere is handed back at once, unapplied, and the worker
 //! goes on with another one. A run that fails for any reason but an outage is applied again one
@@ -17,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
-use crate::store::{self, Chunk, Lock, Run};
+use crate::store::{self, Chunk, Lock, Run, WorkspaceRun};
 use intake_common::message::{ChunkOutcome, RequestPart, WriteRequestV1};
 use sqlx::PgPool;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,13 +31,9 @@ use tokio::sync::watch;
 /// tests, which thereby cover the worker's rules without a database (what the statements do is
 /// covered by the end-to-end tests).
 pub trait Store: Send + Sync {
-    /// One workspace's chunks in one transaction, or [`Run::Busy`] at once when its lock is
+    /// Workspaces' runs of chunks in one transaction, each [`Run::Busy`] at once when its lock is
     /// held elsewhere.
-    fn apply_run<'a>(
-        &'a self,
-        workspace_id: &'a str,
-        requests: &'a [&'a WriteRequestV1],
-    ) -> BoxFuture<'a, Result<Run, sqlx::Error>>;
+    fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>>;
 
     /// No chunk of each part's request after that part is applied, by any writer: one
     /// transaction for them all.
@@ -50,12 +48,8 @@ pub trait Store: Send + Sync {
 }
 
 impl Store for PgPool {
-    fn apply_run<'a>(
-        &'a self,
-        workspace_id: &'a str,
-        requests: &'a [&'a WriteRequestV1],
-    ) -> BoxFuture<'a, Result<Run, sqlx::Error>> {
-        Box::pin(store::apply_run(self, workspace_id, requests, Lock::Try))
+    fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
+        Box::pin(store::apply_runs(self, runs, Lock::Try))
     }
 
     fn mark_failed<'a>(
@@ -70,6 +64,12 @@ impl Store for PgPool {
         Box::pin(async move { store::probe_writes(self).await.is_ok() })
     }
 }
+
+/// Items of several workspaces applied in one transaction at most: one chunk's worth, so that a
+/// single send waits for little more than its own apply.
+const TOGETHER_ITEMS: usize = 100;
+/// How long the workspaces of a transaction that failed beside others are applied alone.
+const SET_APART: Duration = Duration::from_secs(60);
 
 pub struct Worker {
     pub store: Arc<dyn Store>,
@@ -144,36 +144,151 @@ pub struct Signals {
 }
 
 impl Worker {
-    /// Runs until shutdown. At shutdown it finishes the group in hand (unless aborted) and
+    /// Runs until shutdown. At shutdown it finishes the groups in hand (unless aborted) and
     /// leaves the rest unanswered and uncommitted for the partitions' next owner.
     pub async fn work(self: Arc<Self>, signals: Signals) {
         let Signals { mut shutdown, mut abort } = signals;
         loop {
-            let taken = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 () = shutdown_asked(&mut shutdown) => return,
                 taken = self.scheduler.take() => taken,
             };
-            if self.step(taken, &mut abort).await.is_err() {
+            if self.step_all(self.gather(first), &mut abort).await.is_err() {
                 return;
             }
         }
     }
 
+    /// The group taken first and, when it is small and plain, the groups of other workspaces
+    /// ready now that join it in one transaction (one commit: under many senders of single
+    /// conversions it is most of a write's cost). At most the scheduler's group size in
+    /// messages and [`TOGETHER_ITEMS`] items; the first group that does not join goes back.
+    pub(crate) fn gather<'s>(&'s self, first: Taken<'s, Inbound>) -> Vec<Taken<'s, Inbound>> {
+        let mut items = group_items(first.group());
+        if items > TOGETHER_ITEMS || !self.joinable(first.group()) {
+            return vec![first];
+        }
+        let mut room = self.scheduler.max_group().saturating_sub(first.group().messages.len());
+        let mut taken = vec![first];
+        while let Some(next) = self.scheduler.try_take(room) {
+            let size = group_items(next.group());
+            if items + size > TOGETHER_ITEMS || !self.joinable(next.group()) {
+                next.put_back();
+                break;
+            }
+            items += size;
+            room = room.saturating_sub(next.group().messages.len());
+            taken.push(next);
+        }
+        taken
+    }
+
+    /// Whether a group may share a transaction with other workspaces': it holds chunks to
+    /// apply whose reply partitions are known to exist, and nothing else, and its workspace is
+    /// neither waiting for its lock, nor set apart, nor one that workers died on. A workspace
+    /// in trouble is applied alone, and so stays its own.
+    fn joinable(&self, group: &Group<Inbound>) -> bool {
+        group.generation == self.partitions.generation()
+            && group.panics == 0
+            && !group.alone
+            && group.messages.iter().all(|queued| match &queued.message.body {
+                Body::Request(request) => self.outbox.reply_partition_known(request.reply_partition),
+                Body::Expired(_) | Body::Unreadable(_) => false,
+            })
+    }
+
+    /// Answers the groups gathered: one alone, several in one transaction. When that
+    /// transaction fails for any reason but an outage, its groups go back to their queues, set
+    /// apart, so that any worker applies each alone and the one at fault holds up nobody.
+    async fn step_all(
+        &self,
+        mut taken: Vec<Taken<'_, Inbound>>,
+        abort: &mut watch::Receiver<bool>,
+    ) -> Result<(), Interrupted> {
+        if taken.len() == 1 {
+            return match taken.pop() {
+                Some(group) => self.step(group, abort).await,
+                None => Ok(()),
+            };
+        }
+        let failed = self.step_together(taken, abort).await?;
+        self.scheduler.set_apart(failed.iter().map(|t| t.group().workspace_id.as_str()), SET_APART);
+        for group in failed {
+            group.put_back();
+        }
+        Ok(())
+    }
+
+    /// Applies the groups in one transaction and answers them; gives them back when that
+    /// transaction failed for good, to be answered one at a time.
+    async fn step_together<'s>(
+        &self,
+        taken: Vec<Taken<'s, Inbound>>,
+        abort: &mut watch::Receiver<bool>,
+    ) -> Result<Vec<Taken<'s, Inbound>>, Interrupted> {
+        if let Some(failpoint) = &self.failpoint {
+            for group in &taken {
+                failpoint.hit(&group.group().workspace_id);
+            }
+        }
+        let requests: Vec<Vec<&WriteRequestV1>> =
+            taken.iter().map(|t| t.group().messages.iter().filter_map(|q| applicable(&q.message)).collect()).collect();
+        let runs: Vec<WorkspaceRun<'_>> =
+            taken.iter().zip(&requests).map(|(t, r)| (t.group().workspace_id.as_str(), r.as_slice())).collect();
+        let started = std::time::Instant::now();
+        let once = Policy { max_attempts: 1, ..self.policy };
+        let applied = once
+            .run_probed(
+                "apply",
+                &self.metrics,
+                None,
+                abort,
+                || self.store.apply_runs(&runs),
+                || self.store.takes_writes(),
+            )
+            .await;
+        let outcomes = match applied {
+            Ok(outcomes) if outcomes.len() == taken.len() => outcomes,
+            Err(Stop::Interrupted) => return Err(Interrupted),
+            Ok(_) | Err(Stop::GaveUp { .. } | Stop::Busy { .. }) => return Ok(taken),
+        };
+        self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+        let answered: Vec<(Taken<'s, Inbound>, Vec<Answer>)> = taken
+            .into_iter()
+            .zip(outcomes)
+            .map(|(group, run)| match run {
+                Run::Done(chunks) => (group, chunks.into_iter().map(answer).collect()),
+                Run::Busy => (group, Vec::new()),
+            })
+            .collect();
+        self.answer(answered.iter().map(|(t, answers)| (t.group(), answers.as_slice())), abort).await;
+        for (group, answers) in answered {
+            self.conclude(group, answers.len());
+        }
+        Ok(Vec::new())
+    }
+
     /// Answers one group and hands it back.
     async fn step(&self, taken: Taken<'_, Inbound>, abort: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
         let group = taken.group();
-        let generation = group.generation;
-        if generation != self.partitions.generation() {
+        if group.generation != self.partitions.generation() {
             // Read before a rebalance: the partitions' owners read it again.
             self.partitions.resume(&self.scheduler.rebalanced(self.partitions.generation()));
             return Ok(());
         }
-        let mut partitions: Vec<i32> = group.messages.iter().map(|q| q.partition).collect();
-        partitions.dedup();
         let answers = self.handle(group, abort).await?;
-        self.answer(group, &answers, abort).await;
-        let answered = answers.len();
+        self.answer(std::iter::once((group, answers.as_slice())), abort).await;
+        self.conclude(taken, answers.len());
+        Ok(())
+    }
+
+    /// Hands a group back with its first `answered` messages answered: stores the offsets and
+    /// resumes the partitions this allows.
+    fn conclude(&self, taken: Taken<'_, Inbound>, answered: usize) {
+        let generation = taken.group().generation;
+        let mut partitions: Vec<i32> = taken.group().messages.iter().map(|q| q.partition).collect();
+        partitions.dedup();
         let afterwards = taken.finish(answered);
         self.partitions.store(generation, &afterwards.store);
         self.partitions.resume(&afterwards.resume);
@@ -183,7 +298,6 @@ impl Worker {
             Some(waited) if answered == 0 && waited >= self.wait_bound => self.partitions.held(&partitions),
             _ => self.partitions.progressed(&partitions),
         }
-        Ok(())
     }
 
     /// The answers of the group's first messages, in order: all of them, unless the workspace's
@@ -260,16 +374,18 @@ impl Worker {
         let Some(first) = requests.first() else { return Ok(true) };
         let started = std::time::Instant::now();
         let once = Policy { max_attempts: 1, ..self.policy };
+        let runs = [(first.workspace_id.as_str(), requests.as_slice())];
         let together = once
             .run_probed(
                 "apply",
                 &self.metrics,
                 None,
                 shutdown,
-                || self.store.apply_run(&first.workspace_id, &requests),
+                || self.store.apply_runs(&runs),
                 || self.store.takes_writes(),
             )
-            .await;
+            .await
+            .map(only);
         let before = answers.len();
         let complete = match together {
             Ok(Run::Done(chunks)) => {
@@ -307,16 +423,17 @@ impl Worker {
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Answer>, Interrupted> {
         let Some(request) = applicable(message) else { return Ok(Some(Answer::failed())) };
-        let run = [request];
+        let requests = [request];
+        let runs = [(request.workspace_id.as_str(), &requests[..])];
         let applying = self.policy.run_probed(
             "apply",
             &self.metrics,
             None,
             shutdown,
-            || self.store.apply_run(&request.workspace_id, &run),
+            || self.store.apply_runs(&runs),
             || self.store.takes_writes(),
         );
-        match applying.await {
+        match applying.await.map(only) {
             Ok(Run::Done(mut chunks)) => Ok(chunks.pop().map(answer)),
             Ok(Run::Busy) | Err(Stop::Busy { .. }) => Ok(None),
             Err(Stop::Interrupted) => Err(Interrupted),
@@ -401,13 +518,19 @@ impl Worker {
         }
     }
 
-    /// Logs and counts the answered messages, and sends their replies together.
-    async fn answer(&self, group: &Group<Inbound>, answers: &[Answer], shutdown: &mut watch::Receiver<bool>) {
-        let answered = group.messages.iter().map(|q| &q.message).zip(answers);
-        for (message, answer) in answered.clone() {
+    /// Logs and counts the groups' answered messages, and sends their replies together.
+    async fn answer<'g>(
+        &self,
+        groups: impl Iterator<Item = (&'g Group<Inbound>, &'g [Answer])>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) {
+        let answered: Vec<(&Inbound, &Answer)> =
+            groups.flat_map(|(group, answers)| group.messages.iter().map(|q| &q.message).zip(answers)).collect();
+        for &(message, answer) in &answered {
             record(&self.metrics, message, answer.label, &answer.outcome);
         }
         let replies = answered
+            .into_iter()
             .filter(|(_, answer)| answer.reply)
             .filter_map(|(message, answer)| {
                 let (correlation_id, partition, deadline_ms) = message.reply_to()?;
@@ -417,6 +540,16 @@ impl Worker {
         // Interrupted at shutdown: the messages stay uncommitted for the partition's next owner.
         let _ = self.outbox.reply_all(replies, shutdown).await;
     }
+}
+
+fn group_items(group: &Group<Inbound>) -> usize {
+    group.messages.iter().filter_map(|q| applicable(&q.message)).map(|r| r.items.len()).sum()
+}
+
+/// The outcome of a transaction of one workspace's run.
+fn only(mut runs: Vec<Run>) -> Run {
+    // None only if the store broke its contract; Busy leaves the messages to be tried again.
+    runs.pop().unwrap_or(Run::Busy)
 }
 
 fn applicable(message: &Inbound) -> Option<&WriteRequestV1> {
@@ -449,7 +582,6 @@ pub mod testing {
     use crate::store::Applied;
     use intake_common::message::{ItemResult, WriteResult};
     use std::collections::HashSet;
-    use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
 
     /// Applies by remembering: each run's applied correlation ids, each request marked failed.
@@ -460,7 +592,8 @@ pub mod testing {
         pub marked: Mutex<Vec<(String, String, u32)>>,
         /// Transactions that marked requests failed.
         pub mark_calls: std::sync::atomic::AtomicUsize,
-        pub busy: AtomicBool,
+        /// Workspaces whose lock is held elsewhere.
+        pub busy: Mutex<HashSet<String>>,
         /// Correlation ids whose apply fails for good.
         pub refused: Mutex<HashSet<String>>,
     }
@@ -469,53 +602,68 @@ pub mod testing {
         pub fn runs(&self) -> Vec<Vec<String>> {
             self.runs.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
+
+        pub fn set_busy(&self, workspace_id: &str, busy: bool) {
+            let mut held = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+            if busy {
+                held.insert(workspace_id.to_owned());
+            } else {
+                held.remove(workspace_id);
+            }
+        }
+    }
+
+    fn applied_chunk(request: &WriteRequestV1) -> Chunk {
+        Chunk::Applied(Applied {
+            results: request
+                .items
+                .iter()
+                .map(|item| ItemResult {
+                    id: format!("cnv_{}", item.external_id.as_str()),
+                    event: item.event.as_str().to_owned(),
+                    external_id: item.external_id.as_str().to_owned(),
+                    chain_id: "chn_1".into(),
+                    result: WriteResult::Created,
+                })
+                .collect(),
+            merged: Vec::new(),
+            first_time: true,
+        })
     }
 
     impl Store for MemoryStore {
-        fn apply_run<'a>(
-            &'a self,
-            _workspace_id: &'a str,
-            requests: &'a [&'a WriteRequestV1],
-        ) -> BoxFuture<'a, Result<Run, sqlx::Error>> {
+        /// One entry in `runs` per transaction that applied anything.
+        fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
             Box::pin(async move {
-                if self.busy.load(Ordering::SeqCst) {
-                    return Ok(Run::Busy);
-                }
+                let busy = self.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-                if requests.iter().any(|r| refused.contains(&r.correlation_id)) {
+                if runs.iter().flat_map(|(_, requests)| requests.iter()).any(|r| refused.contains(&r.correlation_id)) {
                     return Err(sqlx::Error::RowNotFound);
                 }
                 let marked = self.marked.lock().unwrap_or_else(|e| e.into_inner());
                 let failed = |r: &WriteRequestV1| {
                     r.request.as_ref().is_some_and(|p| marked.iter().any(|(_, id, at)| *id == p.id && p.index > *at))
                 };
-                let chunks: Vec<Chunk> = requests
+                let mut applied: Vec<String> = Vec::new();
+                let outcomes = runs
                     .iter()
-                    .map(|r| match failed(r) {
-                        true => Chunk::RequestFailed,
-                        false => Chunk::Applied(Applied {
-                            results: r
-                                .items
+                    .map(|&(workspace_id, requests)| {
+                        if busy.contains(workspace_id) {
+                            return Run::Busy;
+                        }
+                        applied.extend(requests.iter().filter(|r| !failed(r)).map(|r| r.correlation_id.clone()));
+                        Run::Done(
+                            requests
                                 .iter()
-                                .map(|item| ItemResult {
-                                    id: format!("cnv_{}", item.external_id.as_str()),
-                                    event: item.event.as_str().to_owned(),
-                                    external_id: item.external_id.as_str().to_owned(),
-                                    chain_id: "chn_1".into(),
-                                    result: WriteResult::Created,
-                                })
+                                .map(|r| if failed(r) { Chunk::RequestFailed } else { applied_chunk(r) })
                                 .collect(),
-                            merged: Vec::new(),
-                            first_time: true,
-                        }),
+                        )
                     })
                     .collect();
-                let applied: Vec<String> =
-                    requests.iter().filter(|r| !failed(r)).map(|r| r.correlation_id.clone()).collect();
                 if !applied.is_empty() {
                     self.runs.lock().unwrap_or_else(|e| e.into_inner()).push(applied);
                 }
-                Ok(Run::Done(chunks))
+                Ok(outcomes)
             })
         }
 
@@ -581,6 +729,15 @@ pub mod testing {
             let _ = self.worker.step(taken, &mut watch::channel(false).1).await;
         }
 
+        /// The worker answers the next group and the other workspaces' groups ready beside it.
+        pub async fn step_all(&self) {
+            let (_keep, mut abort) = watch::channel(false);
+            // The reply partitions known, as once the writer has answered a message.
+            let _ = self.worker.outbox.reply_partition_exists(0, &mut abort).await;
+            let first = self.worker.scheduler.take().await;
+            let _ = self.worker.step_all(self.worker.gather(first), &mut abort).await;
+        }
+
         /// (correlation id, partition, status) of each reply sent.
         pub fn replies(&self) -> Vec<(String, Option<i32>, String)> {
             self.sender
@@ -632,9 +789,103 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn single_sends_of_several_workspaces_share_one_transaction_and_are_each_answered() {
+        let rig = rig(Duration::from_secs(60), None);
+        for (partition, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
+            rig.read(&message(&request(workspace, id, 1), i32::try_from(partition).unwrap_or(0), 0, 0));
+        }
+        rig.step_all().await;
+        assert_eq!(rig.store.runs(), vec![vec!["a1", "b1", "c1"]], "one transaction");
+        assert_eq!(
+            rig.replies(),
+            vec![reply("a1", 1, "applied"), reply("b1", 1, "applied"), reply("c1", 1, "applied")]
+        );
+        let mut stored = rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        stored.sort_unstable();
+        assert_eq!(stored, vec![(0, 1), (1, 1), (2, 1)]);
+        assert_eq!(rig.worker.scheduler.held_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_busy_workspace_among_others_waits_and_is_applied_later_in_a_transaction_of_its_own() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.store.set_busy("ws_b", true);
+        for (offset, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
+            rig.read(&message(&request(workspace, id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
+        }
+        rig.step_all().await;
+        assert_eq!(rig.store.runs(), vec![vec!["a1", "c1"]]);
+        assert_eq!(rig.replies(), vec![reply("a1", 1, "applied"), reply("c1", 1, "applied")]);
+        assert_eq!(
+            *rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()),
+            vec![(0, 1), (0, 1)],
+            "not past b1"
+        );
+        assert_eq!(rig.worker.scheduler.waiting().len(), 1);
+        rig.store.set_busy("ws_b", false);
+        rig.read(&message(&request("ws_d", "d1", 1), 0, 3, 0));
+        rig.step_all().await;
+        rig.step_all().await;
+        assert_eq!(rig.store.runs()[1..], [vec!["d1"], vec!["b1"]], "the workspace that waited, alone");
+    }
+
+    #[tokio::test]
+    async fn workspaces_together_whose_transaction_fails_for_good_go_back_and_are_applied_each_alone() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.store.refused.lock().unwrap_or_else(|e| e.into_inner()).insert("b1".into());
+        for (offset, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
+            rig.read(&message(&request(workspace, id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
+        }
+        rig.step_all().await;
+        assert!(rig.store.runs().is_empty() && rig.replies().is_empty(), "handed back, for any worker to take");
+        for _ in 0..3 {
+            rig.step_all().await;
+        }
+        assert_eq!(rig.store.runs(), vec![vec!["a1"], vec!["c1"]]);
+        let mut replies = rig.replies();
+        replies.sort();
+        assert_eq!(replies, vec![reply("a1", 1, "applied"), reply("b1", 1, "failed"), reply("c1", 1, "applied")]);
+        let letters = rig.sender.sent_to("dlq");
+        assert_eq!((letters.len(), letters[0].header("reason")), (1, Some("apply_failed")));
+        rig.read(&message(&request("ws_a", "a2", 1), 0, 3, 0));
+        rig.read(&message(&request("ws_d", "d1", 1), 0, 4, 0));
+        rig.step_all().await;
+        rig.step_all().await;
+        assert_eq!(rig.store.runs()[2..], [vec!["a2"], vec!["d1"]], "set apart for a while");
+    }
+
+    #[tokio::test]
+    async fn a_group_of_more_than_a_chunk_of_items_is_applied_alone_and_others_join_each_other() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.read(&message(&request("ws_big", "big", 101), 0, 0, 0));
+        rig.read(&message(&request("ws_a", "a1", 1), 1, 0, 0));
+        rig.read(&message(&request("ws_b", "b1", 99), 1, 1, 0));
+        rig.read(&message(&request("ws_c", "c1", 1), 1, 2, 0));
+        rig.step_all().await;
+        rig.step_all().await;
+        rig.step_all().await;
+        assert_eq!(rig.store.runs(), vec![vec!["big"], vec!["a1", "b1"], vec!["c1"]]);
+    }
+
+    #[tokio::test]
+    async fn a_worker_takes_other_workspaces_only_up_to_the_group_size_in_messages() {
+        let rig = rig(Duration::from_secs(60), None);
+        for offset in 0..63 {
+            rig.read(&message(&request("ws_a", &format!("a{offset}"), 1), 0, offset, 0));
+        }
+        rig.read(&message(&request("ws_b", "b1", 1), 1, 0, 0));
+        rig.read(&message(&request("ws_b", "b2", 1), 1, 1, 0));
+        rig.step_all().await;
+        let runs = rig.store.runs();
+        assert_eq!((runs.len(), runs[0].len(), runs[0].last().map(String::as_str)), (1, 64, Some("b1")));
+        rig.step_all().await;
+        assert_eq!(rig.store.runs()[1], ["b2"]);
+    }
+
+    #[tokio::test]
     async fn a_busy_workspace_waits_unanswered_and_past_the_bound_its_wait_is_no_progress() {
         let rig = rig(Duration::from_millis(60), None);
-        rig.store.busy.store(true, Ordering::SeqCst);
+        rig.store.set_busy("ws_a", true);
         rig.read(&message(&request("ws_a", "c1", 1), 4, 0, 0));
         rig.step().await;
         assert!(rig.replies().is_empty() && rig.partitions.stored.lock().is_ok_and(|s| s.is_empty()));
@@ -650,7 +901,7 @@ mod tests {
             RecordedPartitions::take(&rig.partitions.progressed).is_empty(),
             "past the bound: held, not progressing"
         );
-        rig.store.busy.store(false, Ordering::SeqCst);
+        rig.store.set_busy("ws_a", false);
         rig.step().await;
         assert_eq!(
             (rig.replies(), RecordedPartitions::take(&rig.partitions.progressed)),

@@ -1,8 +1,8 @@
 //! The writer's consumer, and the composition root of its stages (docs/architecture.md,
 //! "Isolation in the writer"): a reader (`read.rs`) hands each message of the requests topic,
 //! parsed once (`inbox.rs`), to the per-workspace scheduler (`schedule.rs`); workers
-//! (`apply.rs`) take a workspace's next messages, answer them (applied in one transaction, or
-//! expired, or failed and dead-lettered), reply (`outbox.rs`) and only then store the
+//! (`apply.rs`) take a workspace's next messages (with other small workspaces' beside them),
+//! answer them (applied in one transaction, or expired, or failed and dead-lettered), reply (`outbox.rs`) and only then store the
 //! partition's offset up to its lowest message not yet finished. A workspace's messages keep
 //! their order; a workspace that is stuck or slow holds up only itself. What is read and not
 //! yet answered is held within a byte budget; past it, reading pauses and Kafka keeps the
@@ -29,8 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Messages of one workspace applied in one transaction at most. Under load a group amortizes
-/// the commit and the reply round trip; when idle a group is the one message that arrived.
+/// Messages applied in one transaction at most, of one workspace or of several small ones
+/// (`apply::Worker::gather`). Under load a group amortizes the commit and the reply round trip;
+/// when idle a group is the one message that arrived.
 const MAX_GROUP: usize = 64;
 
 pub struct Settings {

@@ -231,6 +231,11 @@ impl Outbox {
         }
     }
 
+    /// Whether the reply partition is among those the brokers last said exist, without asking.
+    pub fn reply_partition_known(&self, partition: i32) -> bool {
+        (0..self.reply_partitions.load(Ordering::Relaxed)).contains(&partition)
+    }
+
     /// Whether the request's reply partition exists, asking the brokers when the last count
     /// says no: a partition just added is found; one still missing after the policy's attempts
     /// is `Err` with the reason, and the message cannot be answered (docs/architecture.md,
@@ -240,10 +245,10 @@ impl Outbox {
         partition: i32,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Result<(), Unanswerable>, Interrupted> {
-        let known = self.reply_partitions.load(Ordering::Relaxed);
-        if (0..known).contains(&partition) {
+        if self.reply_partition_known(partition) {
             return Ok(Ok(()));
         }
+        let known = self.reply_partitions.load(Ordering::Relaxed);
         let recently = self.missing_confirmed.lock().ok().and_then(|missing| missing.get(&partition).copied());
         if recently.is_some_and(|at| at.elapsed() < MISSING_KNOWN_FOR) {
             let reason = PartitionCheck::Missing { partitions: known }.to_string();

@@ -43,6 +43,10 @@ pub struct Group<M> {
     /// Workers that died holding this workspace's first message since it last finished one:
     /// while any did, the group is that one message alone.
     pub panics: u32,
+    /// Its workspace was found busy since it last finished a group, or was set apart (see
+    /// [`Scheduler::set_apart`]): a worker applies it in a transaction of its own, not beside
+    /// other workspaces.
+    pub alone: bool,
 }
 
 impl<M> Group<M> {
@@ -82,6 +86,8 @@ struct State<M> {
     taken_bytes: usize,
     /// The budget was reached: every partition read is paused.
     full: bool,
+    /// Workspaces applied alone until then.
+    apart: HashMap<String, Instant>,
 }
 
 impl<M> State<M> {
@@ -143,11 +149,17 @@ impl<M> Scheduler<M> {
                 queued_bytes: 0,
                 taken_bytes: 0,
                 full: false,
+                apart: HashMap::new(),
             }),
             wake: Notify::new(),
             budget: budget.max(1),
             max_group: max_group.max(1),
         }
+    }
+
+    /// Messages one worker takes at once, across the workspaces it takes together.
+    pub fn max_group(&self) -> usize {
+        self.max_group
     }
 
     fn lock(&self) -> MutexGuard<'_, State<M>> {
@@ -236,7 +248,7 @@ impl<M> Scheduler<M> {
             let notified = self.wake.notified();
             let wake_at = {
                 let mut state = self.lock();
-                if let Some(group) = self.take_ready(&mut state) {
+                if let Some(group) = self.take_ready(&mut state, self.max_group) {
                     return Taken { scheduler: self, group: Some(group) };
                 }
                 state.workspaces.values().filter_map(|w| w.parked_until).min()
@@ -253,7 +265,17 @@ impl<M> Scheduler<M> {
         }
     }
 
-    fn take_ready(&self, state: &mut State<M>) -> Option<Group<M>> {
+    /// Another ready group, of at most `room` messages, if there is one now: a worker applies
+    /// the groups of several workspaces in one transaction (one commit) when they are small.
+    pub fn try_take(&self, room: usize) -> Option<Taken<'_, M>> {
+        if room == 0 {
+            return None;
+        }
+        let group = self.take_ready(&mut self.lock(), room.min(self.max_group))?;
+        Some(Taken { scheduler: self, group: Some(group) })
+    }
+
+    fn take_ready(&self, state: &mut State<M>, room: usize) -> Option<Group<M>> {
         let now = Instant::now();
         let due: Vec<String> = state
             .workspaces
@@ -273,9 +295,11 @@ impl<M> Scheduler<M> {
                 continue;
             }
             workspace.taken = true;
-            let count = if workspace.panics > 0 { 1 } else { workspace.queue.len().min(self.max_group) };
+            let alone = workspace.waiting_since.is_some() || state.apart.get(&id).is_some_and(|until| *until > now);
+            let count = if workspace.panics > 0 { 1 } else { workspace.queue.len().min(room) };
             let messages = workspace.queue.drain(..count).collect();
-            let group = Group { generation: state.generation, workspace_id: id, messages, panics: workspace.panics };
+            let group =
+                Group { generation: state.generation, workspace_id: id, messages, panics: workspace.panics, alone };
             let bytes = group.bytes();
             state.queued_bytes -= bytes;
             state.taken_bytes += bytes;
@@ -383,6 +407,17 @@ impl<M> Scheduler<M> {
         resume
     }
 
+    /// These workspaces' next groups, for `period`, are applied alone: their transaction beside
+    /// other workspaces failed, and one of them may fail it again.
+    pub fn set_apart<'w>(&self, workspace_ids: impl IntoIterator<Item = &'w str>, period: Duration) {
+        let mut state = self.lock();
+        let now = Instant::now();
+        state.apart.retain(|_, until| *until > now);
+        for id in workspace_ids {
+            state.apart.insert(id.to_owned(), now + period);
+        }
+    }
+
     /// Workspaces waiting for a lock held elsewhere, and for how long.
     pub fn waiting(&self) -> Vec<(String, Duration)> {
         let state = self.lock();
@@ -417,6 +452,14 @@ pub struct Taken<'a, M> {
 impl<M> Taken<'_, M> {
     pub fn group(&self) -> &Group<M> {
         self.group.as_ref().unwrap_or_else(|| unreachable!("a group is only gone once finished"))
+    }
+
+    /// Gives the group back unanswered, to the front of its workspace's queue, ready for any
+    /// worker.
+    pub fn put_back(mut self) {
+        if let Some(group) = self.group.take() {
+            self.scheduler.release(group, false);
+        }
     }
 
     /// See [`Scheduler::finish`].

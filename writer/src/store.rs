@@ -44,6 +44,12 @@ pub const OPERATOR_TIMEOUTS: Timeouts = Timeouts {
     idle_in_transaction: Duration::from_secs(60),
 };
 
+/// The bounds on a statement, and on a wait for a row lock, in a transaction that applies
+/// several workspaces (see [`apply_runs`]): far above what their small runs take, far below a
+/// gateway's deadline.
+const TOGETHER_STATEMENT_TIMEOUT: Duration = Duration::from_millis(1_000);
+const TOGETHER_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
+
 /// A pool for an operator command, with `timeouts` on every connection.
 pub async fn connect_with(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
@@ -123,6 +129,14 @@ macro_rules! commit_settings {
 }
 use commit_settings;
 
+/// Records the message ids applied and their results.
+macro_rules! record_applied {
+    () => {
+        "INSERT INTO applied_messages (correlation_id, workspace_id, results)
+         SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results)"
+    };
+}
+
 /// Whether the transaction's last statement already took an id and set [`commit_settings`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Prepared {
@@ -181,25 +195,53 @@ pub async fn apply_run(
     requests: &[&WriteRequestV1],
     lock: Lock,
 ) -> Result<Run, sqlx::Error> {
-    let mut connection = pool.acquire().await?;
-    let run = apply_run_on(&mut connection, workspace_id, requests, lock).await;
-    close_if_on_standby(&mut connection, &run);
-    run
+    let mut runs = apply_runs(pool, &[(workspace_id, requests)], lock).await?;
+    runs.pop().ok_or(sqlx::Error::RowNotFound)
 }
 
-async fn apply_run_on(
+/// One workspace's chunks, in order.
+pub type WorkspaceRun<'a> = (&'a str, &'a [&'a WriteRequestV1]);
+
+/// Applies several workspaces' runs (see [`apply_run`]) in one transaction, each under its own
+/// lock: single sends of many workspaces share one commit. A workspace whose lock is held
+/// elsewhere is [`Run::Busy`] and the others are applied; if any statement fails, nothing is.
+pub async fn apply_runs(pool: &PgPool, runs: &[WorkspaceRun<'_>], lock: Lock) -> Result<Vec<Run>, sqlx::Error> {
+    let mut connection = pool.acquire().await?;
+    let outcome = apply_runs_on(&mut connection, runs, lock).await;
+    close_if_on_standby(&mut connection, &outcome);
+    outcome
+}
+
+async fn apply_runs_on(
     connection: &mut PgConnection,
-    workspace_id: &str,
-    requests: &[&WriteRequestV1],
+    runs: &[WorkspaceRun<'_>],
     lock: Lock,
-) -> Result<Run, sqlx::Error> {
+) -> Result<Vec<Run>, sqlx::Error> {
     let mut tx = connection.begin().await?;
-    let (run, prepared) = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
-    match run {
-        Run::Done(_) => commit_replicated(tx, prepared).await?,
-        Run::Busy => tx.rollback().await?,
+    if runs.len() > 1 {
+        // Workspaces applied together wait for each other: a statement or a row lock that
+        // takes long ends the transaction soon, and the caller applies each workspace alone,
+        // with the connection's own bounds.
+        sqlx::query("SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)")
+            .bind(TOGETHER_STATEMENT_TIMEOUT.as_millis().to_string())
+            .bind(TOGETHER_LOCK_TIMEOUT.as_millis().to_string())
+            .execute(&mut *tx)
+            .await?;
     }
-    Ok(run)
+    let mut outcomes = Vec::with_capacity(runs.len());
+    let mut prepared = Prepared::No;
+    for (index, &(workspace_id, requests)) in runs.iter().enumerate() {
+        let last = index + 1 == runs.len();
+        let (run, run_prepared) = apply_workspace(&mut tx, workspace_id, requests, lock, last).await?;
+        prepared = run_prepared;
+        outcomes.push(run);
+    }
+    if outcomes.iter().any(|run| matches!(run, Run::Done(_))) {
+        commit_replicated(tx, prepared).await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(outcomes)
 }
 
 /// Marks the requests whose chunks failed for good (or expired), so that no later chunk of them
@@ -251,12 +293,13 @@ type LookedUp = (Option<String>, Option<Json<Vec<ItemResult>>>);
 /// Whether the lock was taken, and a [`LookedUp`].
 type Locked = (bool, Option<String>, Option<Json<Vec<ItemResult>>>);
 
-/// One workspace's requests, in order.
+/// One workspace's requests, in order; `last`: its statements are the transaction's last.
 async fn apply_workspace(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
     requests: &[&WriteRequestV1],
     lock: Lock,
+    last: bool,
 ) -> Result<(Run, Prepared), sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
     // rules read, then write, rows of the whole workspace. The lock and the look-up of the
@@ -322,20 +365,19 @@ async fn apply_workspace(
                 serde_json::to_string(&fresh_results[r.correlation_id.as_str()].0).unwrap_or_else(|_| "[]".to_owned())
             })
             .collect();
-        sqlx::query(concat!(
-            "INSERT INTO applied_messages (correlation_id, workspace_id, results)
-             SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results),
-                    (SELECT ",
-            commit_settings!(),
-            ") AS commit_settings"
-        ))
-        .bind(workspace_id)
-        .bind(fresh.iter().map(|r| r.correlation_id.as_str()).collect::<Vec<_>>())
-        .bind(&texts)
-        .execute(&mut **tx)
-        .await?;
+        // The commit settings end the transaction's bounds: folded only into its last statement.
+        let record = match last {
+            true => concat!(record_applied!(), ", (SELECT ", commit_settings!(), ") AS commit_settings"),
+            false => record_applied!(),
+        };
+        sqlx::query(record)
+            .bind(workspace_id)
+            .bind(fresh.iter().map(|r| r.correlation_id.as_str()).collect::<Vec<_>>())
+            .bind(&texts)
+            .execute(&mut **tx)
+            .await?;
     }
-    let prepared = if fresh.is_empty() { Prepared::No } else { Prepared::Yes };
+    let prepared = if last && !fresh.is_empty() { Prepared::Yes } else { Prepared::No };
     let run = Run::Done(
         requests
             .iter()
