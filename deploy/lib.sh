@@ -19,6 +19,7 @@ KAFKA_CONTROLLER_PORT="${INTAKE_KAFKA_CONTROLLER_PORT:-59093}"
 # protocol floor of KIP-896 that librdkafka 2.12 (bundled by rdkafka 0.39) speaks.
 KAFKA_VERSION="${INTAKE_KAFKA_VERSION:-4.4.0}"
 KAFKA_LIBS="$INTAKE_CACHE/kafka-$KAFKA_VERSION/libs"
+MAVEN_CENTRAL="${INTAKE_MAVEN_CENTRAL:-https://repo.maven.apache.org/maven2}"
 # A fixed heap of 1 GB with a young generation of 384 MB (docs/operations.md, "Kafka's broker"):
 # with 128 to 512 MB the live data filled it past G1's marking threshold, and G1's own young
 # generation, sized for 20 ms pauses, was 40 MB and paused the broker every 2 to 3 s.
@@ -61,7 +62,6 @@ install_packages() {
     command -v python3 >/dev/null || missing+=(python3)
     command -v curl >/dev/null || missing+=(curl)
     command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
-    command -v mvn >/dev/null || missing+=(maven)
     [ "${#missing[@]}" -eq 0 ] || apt_install "${missing[@]}"
 }
 
@@ -89,21 +89,29 @@ pg_bin() {
 # PostgreSQL refuses to run as root; run it as the postgres user when we are root.
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
-# Apache Kafka's own jars from Maven Central (deploy/kafka/pom.xml), the broker's and the
-# command-line tools' (deploy/kafka-tool.sh), once per version and POM: the marker holds the
-# POM's checksum. A directory from another POM may hold a running broker's jars: it is added
-# to, never emptied.
+# Apache Kafka's own jars from Maven Central, the broker's and the command-line tools'
+# (deploy/kafka-tool.sh), as deploy/kafka/jars-VERSION.txt pins them with their checksums
+# (deploy/kafka/pin.sh writes it from deploy/kafka/pom.xml): fetched with curl, eight at a time,
+# and checked, once per list (the marker holds the list's checksum). A directory of another list
+# may hold a running broker's jars: it is added to, never emptied.
 install_kafka() {
-    local pom="$REPO/deploy/kafka/pom.xml" sum
-    sum="$(sha256sum "$pom" | cut -d ' ' -f 1)"
+    local list="$REPO/deploy/kafka/jars-$KAFKA_VERSION.txt" sum
+    [ -f "$list" ] || { say "no pinned jars for Kafka $KAFKA_VERSION: run deploy/kafka/pin.sh $KAFKA_VERSION"; return 1; }
+    sum="$(sha256sum "$list" | cut -d ' ' -f 1)"
     [ "$(cat "$KAFKA_LIBS/.complete" 2>/dev/null)" = "$sum" ] && return
     say "fetching Apache Kafka $KAFKA_VERSION and its tools from Maven Central (once; about 55 MB)"
     [ -f "$KAFKA_LIBS/.complete" ] || rm -rf "$KAFKA_LIBS"
-    mvn -B -q -f "$pom" -Dkafka.version="$KAFKA_VERSION" \
-        -Dmaven.repo.local="$INTAKE_CACHE/m2" \
-        org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
-        -DincludeScope=runtime -DoutputDirectory="$KAFKA_LIBS" >"$LOGS/kafka-install.log" 2>&1 \
-        || { tail -n 30 "$LOGS/kafka-install.log"; return 1; }
+    mkdir -p "$KAFKA_LIBS"
+    # shellcheck disable=SC2016
+    grep -v '^#' "$list" | cut -d ' ' -f 3 | (cd "$KAFKA_LIBS" && xargs -P 8 -n 1 sh -c '
+        jar="$(basename "$1")"
+        [ -f "$jar" ] || { curl -fsS --retry 3 -o "$jar.part" "$0/$1" && mv "$jar.part" "$jar"; }' "$MAVEN_CENTRAL") \
+        >"$LOGS/kafka-install.log" 2>&1 || { tail -n 30 "$LOGS/kafka-install.log"; return 1; }
+    if ! grep -v '^#' "$list" | sed 's#  .*/#  #' | (cd "$KAFKA_LIBS" && sha256sum -c --quiet) >>"$LOGS/kafka-install.log" 2>&1; then
+        tail -n 30 "$LOGS/kafka-install.log"
+        say "jars in $KAFKA_LIBS differ from $list: remove the directory and run again"
+        return 1
+    fi
     echo "$sum" >"$KAFKA_LIBS/.complete"
 }
 
