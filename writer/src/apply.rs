@@ -213,6 +213,10 @@ impl Worker {
             };
         }
         let failed = self.step_together(taken, abort).await?;
+        if failed.is_empty() {
+            return Ok(());
+        }
+        self.metrics.shared_transactions_failed.inc();
         self.scheduler.set_apart(failed.iter().map(|t| t.group().workspace_id.as_str()), SET_APART);
         for group in failed {
             group.put_back();
@@ -847,6 +851,7 @@ mod tests {
         assert_eq!(replies, vec![reply("a1", 1, "applied"), reply("b1", 1, "failed"), reply("c1", 1, "applied")]);
         let letters = rig.sender.sent_to("dlq");
         assert_eq!((letters.len(), letters[0].header("reason")), (1, Some("apply_failed")));
+        assert_eq!(rig.worker.metrics.shared_transactions_failed.get(), 1);
         rig.read(&message(&request("ws_a", "a2", 1), 0, 3, 0));
         rig.read(&message(&request("ws_d", "d1", 1), 0, 4, 0));
         rig.step_all().await;

@@ -74,6 +74,9 @@ pub struct Metrics {
     pub backlog_budget_bytes: Gauge,
     /// Apply workers that died (panicked) and were started again.
     pub worker_restarts: Counter,
+    /// Transactions of several workspaces that failed: their groups went back, set apart to be
+    /// applied alone (docs/architecture.md, "Isolation in the writer").
+    pub shared_transactions_failed: Counter,
 }
 
 impl Metrics {
@@ -98,6 +101,7 @@ impl Metrics {
             backlog_bytes: Gauge::default(),
             backlog_budget_bytes: Gauge::default(),
             worker_restarts: Counter::default(),
+            shared_transactions_failed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -165,6 +169,11 @@ impl Metrics {
             "worker_restarts",
             "Apply workers that died and were started again",
             metrics.worker_restarts.clone(),
+        );
+        registry.register(
+            "shared_transactions_failed",
+            "Transactions of several workspaces that failed; their workspaces were set apart",
+            metrics.shared_transactions_failed.clone(),
         );
         Metrics { registry, ..metrics }
     }
