@@ -768,6 +768,25 @@ mod tests {
         (correlation_id.to_owned(), Some(partition), status.to_owned())
     }
 
+    /// Where [`read_three_workspaces`] puts the messages.
+    enum Spread {
+        /// Partition 0, in order.
+        OnePartition,
+        /// Each at offset 0 of a partition of its own.
+        PartitionEach,
+    }
+
+    /// One single-item message of each of ws_a, ws_b and ws_c (correlation ids a1, b1, c1).
+    fn read_three_workspaces(rig: &super::testing::Rig, spread: Spread) {
+        for (n, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
+            let (partition, offset) = match spread {
+                Spread::OnePartition => (0, i64::try_from(n).unwrap_or(0)),
+                Spread::PartitionEach => (i32::try_from(n).unwrap_or(0), 0),
+            };
+            rig.read(&message(&request(workspace, id, 1), partition, offset, 0));
+        }
+    }
+
     fn part(request: &mut WriteRequestV1, id: &str, index: u32) {
         request.request = Some(RequestPart { id: id.to_owned(), index });
     }
@@ -795,9 +814,7 @@ mod tests {
     #[tokio::test]
     async fn single_sends_of_several_workspaces_share_one_transaction_and_are_each_answered() {
         let rig = rig(Duration::from_secs(60), None);
-        for (partition, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
-            rig.read(&message(&request(workspace, id, 1), i32::try_from(partition).unwrap_or(0), 0, 0));
-        }
+        read_three_workspaces(&rig, Spread::PartitionEach);
         rig.step_all().await;
         assert_eq!(rig.store.runs(), vec![vec!["a1", "b1", "c1"]], "one transaction");
         assert_eq!(
@@ -814,9 +831,7 @@ mod tests {
     async fn a_busy_workspace_among_others_waits_and_is_applied_later_in_a_transaction_of_its_own() {
         let rig = rig(Duration::from_secs(60), None);
         rig.store.set_busy("ws_b", true);
-        for (offset, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
-            rig.read(&message(&request(workspace, id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
-        }
+        read_three_workspaces(&rig, Spread::OnePartition);
         rig.step_all().await;
         assert_eq!(rig.store.runs(), vec![vec!["a1", "c1"]]);
         assert_eq!(rig.replies(), vec![reply("a1", 1, "applied"), reply("c1", 1, "applied")]);
@@ -837,9 +852,7 @@ mod tests {
     async fn workspaces_together_whose_transaction_fails_for_good_go_back_and_are_applied_each_alone() {
         let rig = rig(Duration::from_secs(60), None);
         rig.store.refused.lock().unwrap_or_else(|e| e.into_inner()).insert("b1".into());
-        for (offset, (workspace, id)) in [("ws_a", "a1"), ("ws_b", "b1"), ("ws_c", "c1")].into_iter().enumerate() {
-            rig.read(&message(&request(workspace, id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
-        }
+        read_three_workspaces(&rig, Spread::OnePartition);
         rig.step_all().await;
         assert!(rig.store.runs().is_empty() && rig.replies().is_empty(), "handed back, for any worker to take");
         for _ in 0..3 {
