@@ -6,7 +6,8 @@ use crate::metrics::{self, Metrics};
 use intake_common::kafka_errors::QuietContext;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientContext, Statistics};
+use rdkafka::ClientContext;
+use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -173,13 +174,38 @@ impl ClientContext for WriterContext {
         self.1.error(&error, reason);
     }
 
-    fn stats(&self, statistics: Statistics) {
+    // Read raw: of librdkafka's statistics (kilobytes of JSON a broker and a partition, every
+    // interval) only the stored lags are wanted. rdkafka's typed `Statistics` would parse it
+    // all, and its deserializer is a twentieth of the writer's compiled code.
+    fn stats_raw(&self, statistics: &[u8]) {
+        let statistics: LagStatistics = match serde_json::from_slice(statistics) {
+            Ok(statistics) => statistics,
+            Err(error) => return tracing::warn!(%error, "librdkafka's statistics not read"),
+        };
         let Some(topic) = statistics.topics.get(&self.0.topic) else { return };
         // Lag against the offsets the writer stored (applied and answered), not the committed
         // ones, which trail by the auto-commit interval. -1 means not known yet.
         let lags = topic.partitions.values().filter(|p| p.partition >= 0 && p.consumer_lag_stored >= 0);
         self.0.lags(lags.map(|p| (p.partition, p.consumer_lag_stored)));
     }
+}
+
+/// The part of librdkafka's statistics (its STATISTICS.md) that the writer reads.
+#[derive(Deserialize)]
+struct LagStatistics {
+    #[serde(default)]
+    topics: HashMap<String, TopicLags>,
+}
+
+#[derive(Deserialize)]
+struct TopicLags {
+    partitions: HashMap<String, PartitionLag>,
+}
+
+#[derive(Deserialize)]
+struct PartitionLag {
+    partition: i32,
+    consumer_lag_stored: i64,
 }
 
 impl ConsumerContext for WriterContext {
@@ -225,6 +251,29 @@ mod tests {
         assert_eq!(health.ready(), Ok(()), "a member with no partitions is ready");
         health.shutting_down();
         assert_eq!(health.ready(), Err(NotReady::ShuttingDown));
+    }
+
+    #[test]
+    fn the_stored_lags_of_the_writers_topic_are_read_from_librdkafkas_statistics() {
+        let health = health(Duration::from_secs(60));
+        health.assigned([0, 1, 2].into_iter());
+        let context = WriterContext(health.clone(), QuietContext::default());
+        // Trimmed from a real statistics event: the fields around the lags are skipped.
+        context.stats_raw(
+            br#"{"name": "rdkafka#consumer-1", "ts": 1, "brokers": {"b": {"rtt": {"p99": 3}}},
+                "topics": {
+                  "other": {"partitions": {"0": {"partition": 0, "consumer_lag_stored": 9}}},
+                  "t": {"topic": "t", "partitions": {
+                    "0": {"partition": 0, "consumer_lag": 8, "consumer_lag_stored": 7, "fetchq_cnt": 0},
+                    "1": {"partition": 1, "consumer_lag_stored": -1},
+                    "-1": {"partition": -1, "consumer_lag_stored": 4}}}}}"#,
+        );
+        let lag = |partition| health.lock().get(&partition).map(|state| state.lag);
+        assert_eq!((lag(0), lag(1), lag(2)), (Some(7), Some(0), Some(0)), "-1 (not known yet) is skipped");
+        let gauge = health.metrics.consumer_lag.get_or_create(&metrics::Partition { partition: 0 }).get();
+        assert_eq!(gauge, 7);
+        context.stats_raw(b"not json");
+        assert_eq!(lag(0), Some(7), "statistics that do not parse change nothing");
     }
 
     #[test]
