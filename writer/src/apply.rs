@@ -278,7 +278,8 @@ impl Worker {
         let group = taken.group();
         if group.generation != self.partitions.generation() {
             // Read before a rebalance: the partitions' owners read it again.
-            self.partitions.resume(&self.scheduler.rebalanced(self.partitions.generation()));
+            self.scheduler.rebalanced(self.partitions.generation());
+            self.apply_pauses();
             return Ok(());
         }
         let answers = self.handle(group, abort).await?;
@@ -295,13 +296,19 @@ impl Worker {
         partitions.dedup();
         let afterwards = taken.finish(answered);
         self.partitions.store(generation, &afterwards.store);
-        self.partitions.resume(&afterwards.resume);
+        if !afterwards.resume.is_empty() {
+            self.apply_pauses();
+        }
         // A workspace found busy is progress too while the wait is short: the worker is alive,
         // and the wait is the workspace's, not the writer's. Past the bound it no longer is.
         match afterwards.waited {
             Some(waited) if answered == 0 && waited >= self.wait_bound => self.partitions.held(&partitions),
             _ => self.partitions.progressed(&partitions),
         }
+    }
+
+    fn apply_pauses(&self) {
+        self.scheduler.apply_pauses(|p| self.partitions.pause(p), |p| self.partitions.resume(p));
     }
 
     /// The answers of the group's first messages, in order: all of them, unless the workspace's

@@ -57,7 +57,12 @@ impl Reader {
     /// also while no message arrives, so that a pause kept across the partitions' revocation and
     /// assignment does not wait for a message to end.
     fn rebalanced(&self) {
-        self.partitions.resume(&self.scheduler.rebalanced(self.partitions.generation()));
+        self.scheduler.rebalanced(self.partitions.generation());
+        self.apply_pauses();
+    }
+
+    fn apply_pauses(&self) {
+        self.scheduler.apply_pauses(|p| self.partitions.pause(p), |p| self.partitions.resume(p));
     }
 
     /// Queues one message for its workspace (after a rebalance, the messages read before it are
@@ -76,7 +81,7 @@ impl Reader {
                 held_bytes,
                 "read budget or a workspace's share reached; partitions paused"
             );
-            self.partitions.pause(&pause);
+            self.apply_pauses();
         }
     }
 }

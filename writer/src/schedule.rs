@@ -60,7 +60,7 @@ impl<M> Group<M> {
 pub struct Afterwards {
     /// (partition, next offset to read) to store for commit.
     pub store: Vec<(i32, i64)>,
-    /// Partitions to resume.
+    /// Partitions whose pause this ended (the consumer learns it from [`Scheduler::apply_pauses`]).
     pub resume: Vec<i32>,
     /// How long the workspace has waited for its lock, when it was found busy.
     pub waited: Option<Duration>,
@@ -68,6 +68,8 @@ pub struct Afterwards {
 
 pub struct Scheduler<M> {
     state: Mutex<State<M>>,
+    /// The partitions paused in the consumer, as last applied.
+    applied_pauses: Mutex<BTreeSet<i32>>,
     wake: Notify,
     budget: usize,
     max_group: usize,
@@ -151,6 +153,7 @@ impl<M> Scheduler<M> {
                 full: false,
                 apart: HashMap::new(),
             }),
+            applied_pauses: Mutex::new(BTreeSet::new()),
             wake: Notify::new(),
             budget: budget.max(1),
             max_group: max_group.max(1),
@@ -166,6 +169,27 @@ impl<M> Scheduler<M> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Brings the consumer's paused partitions to what the scheduler holds paused now, with
+    /// `pause` and `resume` of the difference. The reader and every worker call it after a
+    /// change. Pauses are decided under the state's lock and applied after it: applied as they
+    /// were decided, a reader's pause could reach the consumer after a worker's resume that
+    /// the scheduler decided later, and leave a partition paused that nothing would resume.
+    /// Applying the state of the moment, one caller at a time, leaves the consumer as the
+    /// last change left the scheduler.
+    pub fn apply_pauses(&self, pause: impl FnOnce(&[i32]), resume: impl FnOnce(&[i32])) {
+        let mut applied = self.applied_pauses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let wanted: BTreeSet<i32> = self.lock().paused.keys().copied().collect();
+        let to_pause: Vec<i32> = wanted.difference(&applied).copied().collect();
+        let to_resume: Vec<i32> = applied.difference(&wanted).copied().collect();
+        if !to_pause.is_empty() {
+            pause(&to_pause);
+        }
+        if !to_resume.is_empty() {
+            resume(&to_resume);
+        }
+        *applied = wanted;
+    }
+
     /// What one of `holders` workspaces may hold once half the budget is used.
     fn share(&self, holders: usize) -> usize {
         self.budget / (holders + 1)
@@ -173,11 +197,11 @@ impl<M> Scheduler<M> {
 
     /// A rebalance: everything read before it is dropped (the partitions' owners read it again
     /// from the committed offsets), and groups in hand store no offset when they finish.
-    /// Returns the partitions that were paused, to resume.
-    pub fn rebalanced(&self, generation: u64) -> Vec<i32> {
+    /// Nothing is paused after it ([`Scheduler::apply_pauses`] resumes what was).
+    pub fn rebalanced(&self, generation: u64) {
         let mut state = self.lock();
         if state.generation == generation {
-            return Vec::new();
+            return;
         }
         state.generation = generation;
         state.workspaces.clear();
@@ -185,9 +209,7 @@ impl<M> Scheduler<M> {
         state.partitions.clear();
         state.queued_bytes = 0;
         state.full = false;
-        let mut resume: Vec<i32> = state.paused.drain().map(|(partition, _)| partition).collect();
-        resume.sort_unstable();
-        resume
+        state.paused.clear();
     }
 
     /// Queues a message for its workspace. Returns the partitions to pause: every one read so
@@ -601,6 +623,31 @@ mod tests {
         assert_eq!((offsets(rest.group()), rest.group().panics), (vec![1, 2], 0), "back to whole groups");
         drop(rest);
         assert_eq!(offsets(scheduler.take().await.group()), vec![1, 2], "a worker that stopped is no death");
+    }
+
+    #[tokio::test]
+    async fn a_pause_applied_after_the_resume_that_followed_it_leaves_the_partition_resumed() {
+        let scheduler = Scheduler::new(100, 64);
+        let consumer = Mutex::new(BTreeSet::new());
+        let pause = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).extend(p);
+        let resume = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !p.contains(x));
+        // The reader reads past the budget: partition 3 is to be paused...
+        assert_eq!(scheduler.push("a", sized(3, 0, 120)), vec![3]);
+        // ...and before the reader tells the consumer, a worker answers the message, which ends
+        // the pause, and tells the consumer first.
+        let finished = scheduler.take().await.finish(usize::MAX);
+        assert_eq!(finished.resume, vec![3]);
+        scheduler.apply_pauses(pause, resume);
+        // The reader's turn comes last.
+        scheduler.apply_pauses(pause, resume);
+        assert!(consumer.lock().unwrap_or_else(|e| e.into_inner()).is_empty(), "partition 3 left paused");
+        // In the other order the consumer pauses, then resumes.
+        scheduler.push("a", sized(3, 1, 120));
+        scheduler.apply_pauses(pause, resume);
+        assert_eq!(*consumer.lock().unwrap_or_else(|e| e.into_inner()), BTreeSet::from([3]));
+        let _ = scheduler.take().await.finish(usize::MAX);
+        scheduler.apply_pauses(pause, resume);
+        assert!(consumer.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
     }
 
     #[tokio::test]
