@@ -24,7 +24,7 @@ start_postgres
 (cd "$REPO" && cargo build --release -q -p intake-writer)
 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
 create_database "$db"
-DATABASE_URL="$(database_url "$db")" "$CARGO_TARGET_DIR/release/intake-writer" migrate >/dev/null
+DATABASE_URL="$(database_url "$db")" "$CARGO_TARGET_DIR/release/intake-writer" migrate --contract >/dev/null
 sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
 pgbench_bin="$(pg_bin pgbench)"
 work="$(mktemp -d)"

@@ -90,7 +90,7 @@ ab_side() {
         export INTAKE_KAFKA_VERSION="$KAFKA_VERSION"
         export INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-0}" INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}"
         export INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-0}"
-        "$bin/intake-writer" migrate >/dev/null
+        "$bin/intake-writer" migrate --contract >/dev/null
         cd "$tree" && "$bin/loadgen"
     ) >"$out/loadgen.log" 2>&1 || { tail -n 20 "$out/loadgen.log" >&2; return 1; }
 }
@@ -275,7 +275,7 @@ say "building the release binaries ($CARGO_TARGET_DIR/release)"
 # working tree during the run, and a run at size would then measure another writer.
 export INTAKE_BIN_DIR="$INTAKE_HOME/bench-bin"
 ab_copy_bins "$CARGO_TARGET_DIR/release" "$INTAKE_BIN_DIR"
-"$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
+"$INTAKE_BIN_DIR/intake-writer" migrate --contract >/dev/null
 export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
 export INTAKE_BENCH_CLUSTER_DIR="${INTAKE_BENCH_CLUSTER_DIR:-$INTAKE_HOME/bench-cluster}"
 

@@ -176,7 +176,7 @@ bench_key() {
     export INTAKE_KAFKA_BROKERS="127.0.0.1:$KAFKA_PORT" INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
     prefix="$database$(date +%s)"
     export INTAKE_REQUESTS_TOPIC="$prefix.requests" INTAKE_REPLIES_TOPIC="$prefix.replies" INTAKE_DLQ_TOPIC="$prefix.dlq"
-    "$writer" migrate >/dev/null
+    "$writer" migrate --contract >/dev/null
     "$writer" topics >/dev/null
     workspace="$("$writer" workspace create --name Bench --site bench.example | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
     BENCH_KEY="$("$writer" key create --workspace "$workspace" --scopes workspace:read,conversions:write | python3 -c 'import json,sys; print(json.load(sys.stdin)["secret"])')"

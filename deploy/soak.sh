@@ -41,7 +41,7 @@ export DATABASE_URL="$(database_url "$database")"
 say "building the release binaries ($CARGO_TARGET_DIR/release)"
 (cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
 export INTAKE_BIN_DIR="$CARGO_TARGET_DIR/release" INTAKE_BENCH_OUT="$REPO/bench"
-"$INTAKE_BIN_DIR/intake-writer" migrate >/dev/null
+"$INTAKE_BIN_DIR/intake-writer" migrate --contract >/dev/null
 
 cd "$REPO"
 "$INTAKE_BIN_DIR/loadgen" soak

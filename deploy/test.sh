@@ -80,7 +80,7 @@ started=$SECONDS
 # Every program of the workspace (the load generator and the fault harness too) on the profile
 # the quick start runs; the test binaries below share its artifacts.
 (cd "$REPO" && cargo build --release --workspace --bins --quiet)
-"$BIN/intake-writer" migrate >/dev/null
+"$BIN/intake-writer" migrate --contract >/dev/null
 export INTAKE_BIN_DIR="$BIN"
 
 cd "$REPO"

@@ -61,7 +61,7 @@ fi
 
 create_database intake
 export DATABASE_URL="$(database_url intake)"
-"$BIN/intake-writer" migrate >/dev/null
+"$BIN/intake-writer" migrate --contract >/dev/null
 "$BIN/intake-writer" topics >/dev/null  # partition counts: INTAKE_REQUEST_PARTITIONS, INTAKE_REPLY_PARTITIONS
 
 start_process writer "$BIN/intake-writer" run --ops-listen 127.0.0.1:8091

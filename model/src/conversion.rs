@@ -104,17 +104,26 @@ pub struct ValidConversion {
 /// The end of every insert into `conversions`: what a write of a pair that exists already
 /// changes (every column a conversion carries, and `updated_at`). The writer's insert and the
 /// benchmark's PostgreSQL baseline (`pg_upsert`) both end with it, so that the baseline measures
-/// the statement the writer runs. A macro rather than a const: `concat!` takes literals only,
-/// and both statements are whole at compile time.
+/// the statement the writer runs. The key is the unique index on the workspace id's hash
+/// (migration 0024); a literal argument names another (the old shape's, for `pg_upsert_v1`). A
+/// macro rather than a const: `concat!` takes literals only, and both statements are whole at
+/// compile time.
 #[macro_export]
 macro_rules! conversions_on_conflict {
     () => {
-        "ON CONFLICT (workspace_id, event, external_id) DO UPDATE SET
+        $crate::conversions_on_conflict!("((hashtextextended(workspace_id, 0)), event, external_id)")
+    };
+    ($key:literal) => {
+        concat!(
+            "ON CONFLICT ",
+            $key,
+            " DO UPDATE SET
                 chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
                 occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
                 contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
                 phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
                 country = excluded.country, value = excluded.value, currency = excluded.currency,
                 hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now()"
+        )
     };
 }

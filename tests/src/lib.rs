@@ -795,7 +795,9 @@ pub async fn stored_fields(
 ) -> Option<Vec<Option<String>>> {
     let list: Vec<String> = columns.iter().map(|column| format!("({column})::text")).collect();
     let sql = format!(
-        "SELECT ARRAY[{}] FROM conversions WHERE workspace_id = $1 AND event = $2 AND external_id = $3",
+        "SELECT ARRAY[{}] FROM conversions
+          WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
+            AND event = $2 AND external_id = $3",
         list.join(", ")
     );
     sqlx::query_scalar(&sql)
@@ -835,21 +837,34 @@ pub struct OwnDatabase {
 }
 
 impl OwnDatabase {
+    /// A database with every migration applied.
     pub async fn create(purpose: &str) -> OwnDatabase {
+        let own = OwnDatabase::empty(purpose).await;
+        own.migrate(&["--contract"]);
+        own
+    }
+
+    /// A database without a table.
+    pub async fn empty(purpose: &str) -> OwnDatabase {
         let shared = env("DATABASE_URL");
         let (server, _) = shared.rsplit_once('/').unwrap_or_else(|| panic!("DATABASE_URL has no database"));
         let name = format!("intake_own_{purpose}_{}", ulid::Ulid::new().to_string().to_lowercase());
         let admin = sqlx::PgPool::connect(&shared).await.unwrap_or_else(|e| panic!("{e}"));
         sqlx::raw_sql(&format!("CREATE DATABASE {name}")).execute(&admin).await.unwrap_or_else(|e| panic!("{e}"));
         admin.close().await;
-        let own = OwnDatabase { admin_url: shared.clone(), url: format!("{server}/{name}"), name };
+        OwnDatabase { admin_url: shared.clone(), url: format!("{server}/{name}"), name }
+    }
+
+    /// `intake-writer migrate` with `args`: what it printed.
+    pub fn migrate(&self, args: &[&str]) -> Value {
         let migrated = Command::new(bin("intake-writer"))
             .arg("migrate")
-            .env("DATABASE_URL", &own.url)
+            .args(args)
+            .env("DATABASE_URL", &self.url)
             .output()
             .unwrap_or_else(|e| panic!("migrate: {e}"));
-        assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
-        own
+        assert!(migrated.status.success(), "migrate {args:?}: {}", String::from_utf8_lossy(&migrated.stderr));
+        serde_json::from_slice(&migrated.stdout).unwrap_or_else(|e| panic!("migrate {args:?} printed no JSON: {e}"))
     }
 
     pub async fn pool(&self) -> sqlx::PgPool {
@@ -907,7 +922,7 @@ impl PrivatePostgres {
     /// The project's schema, by the operator command.
     pub fn migrate(&self) {
         let migrate = Command::new(std::path::PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
-            .arg("migrate")
+            .args(["migrate", "--contract"])
             .env("DATABASE_URL", self.url())
             .output()
             .unwrap_or_else(|e| panic!("{e}"));

@@ -243,7 +243,7 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let layout = tokio::task::block_in_place(HaLayout::start);
     let layout_up = started.elapsed();
     let migrated = Command::new(PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
-        .arg("migrate")
+        .args(["migrate", "--contract"])
         .env("DATABASE_URL", layout.database_url())
         .output()
         .unwrap_or_else(|e| panic!("migrate: {e}"));

@@ -22,7 +22,8 @@ const ROWS: i64 = 250_000;
 
 /// Workspace `ws_0` holds three in four rows, 99 others the rest. Every other conversion has a
 /// visitor id (16 characters and a suffix), one in three a click id, one in five a contact id,
-/// every other an email hash, one in four a phone hash; visits likewise.
+/// every other an email hash, one in four a phone hash, one in three the row before as its
+/// parent; visits likewise.
 async fn fill(db: &PgPool) {
     let statements = [
         "INSERT INTO workspaces (id, name, project_id) SELECT 'ws_' || i, 'w', 'p' FROM generate_series(0, 99) i",
@@ -31,13 +32,14 @@ async fn fill(db: &PgPool) {
               FROM generate_series(1, {ROWS}) g",
         "INSERT INTO chains (id, workspace_id) SELECT 'ch_' || g, ws FROM spread",
         "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id, click_id,
-                                  contact_id, email_sha256, phone_sha256)
+                                  contact_id, email_sha256, phone_sha256, parent_external_id)
          SELECT 'cv_' || g, ws, 'purchase', 'e' || g, 'ch_' || g, now() - (g % 2000) * interval '1 hour',
                 CASE WHEN g % 2 = 0 THEN substr(md5('v' || g), 1, 16) || '.1700000000' END,
                 CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
                 CASE WHEN g % 5 = 0 THEN 'contact-' || g END,
                 CASE WHEN g % 2 = 1 THEN md5('e' || g) || md5('E' || g) END,
-                CASE WHEN g % 4 = 1 THEN md5('p' || g) || md5('P' || g) END
+                CASE WHEN g % 4 = 1 THEN md5('p' || g) || md5('P' || g) END,
+                CASE WHEN g % 3 = 0 THEN 'e' || (g - 1) END
            FROM spread",
         "INSERT INTO visits (workspace_id, visitor_id, click_id, recipient_id, visited_at, page)
          SELECT ws, substr(md5('v' || (g - g % 2)), 1, 16), CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
@@ -202,14 +204,29 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         Param::Ints(occurred),
     ];
     assert_indexed(&db, "matching", lookups::MATCH_VISITS, params).await;
+    // A chunk's rows by their external ids and their children by the parent's: through the
+    // keys on the workspace id's 8-byte hash, not those on the id itself, which `migrate
+    // --contract` dropped.
     let external_ids = texts(&["e12", "e13", "new-1"]);
-    assert_indexed(
+    let related = assert_indexed(
         &db,
         "a chunk's related rows",
         lookups::RELATED_CONVERSIONS,
         vec![ws(), external_ids, texts(&["e12"])],
     )
-    .await;
+    .await
+    .to_string();
+    for index in ["conversions_by_workspace_hash_external_id_event", "conversions_by_parent_hash"] {
+        assert!(related.contains(&format!("\"{index}\"")), "a chunk's related rows read {index}: {related}");
+    }
+    let dropped: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE tablename = 'conversions'
+            AND indexname IN ('conversions_by_workspace_external_id_event', 'conversions_by_parent')",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(dropped.is_empty(), "the keys on the workspace id outlived --contract: {dropped:?}");
     // A merge finds each chain's rows by the chain id alone, not by a range of the workspace's
     // rows in another index that leads with the workspace id.
     let merge =

@@ -1,7 +1,7 @@
 //! The statements that look a person's rows up by identifier: matching's and erasure's; and
 //! the look-up of the rows a chunk relates to. Each is
-//! a union of lookups that one index answers (migrations 0001, 0003, 0010 to 0012, 0018 and
-//! 0020), not one condition ORed across columns, which the planner may answer by scanning the
+//! a union of lookups that one index answers (migrations 0001, 0003, 0010 to 0012, 0018, 0020,
+//! 0024 and 0025), not one condition ORed across columns, which the planner may answer by scanning the
 //! whole workspace. Email and phone digests, visitor ids and contact ids are looked up through
 //! indexes of an 8-byte hash of the value (`hashtextextended`; a contact id's seeded with its
 //! workspace's, as contact ids repeat across workspaces), a third of an index of the value
@@ -108,11 +108,18 @@ pub const MERGE_CHAINS: &str = "
      WHERE c.workspace_id = $1 AND c.chain_id = m.from_chain";
 
 /// The stored rows a chunk's items can touch or link to: those with one of the items' external
-/// ids `$2`, and the children of the items `$3` (see `plan::plan_chunk`).
+/// ids `$2`, found by the unique key on the workspace id's hash (migration 0024), and the
+/// children of the items `$3`, found by the parent's hash seeded with the workspace's (0025);
+/// both checked against the values in the row (see `plan::plan_chunk`).
 pub const RELATED_CONVERSIONS: &str = "
     SELECT id, event, external_id, chain_id, parent_external_id,
            (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
            visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
            country, value::text AS value, currency, hdyhau, tags
       FROM conversions
-     WHERE workspace_id = $1 AND (external_id = ANY($2) OR parent_external_id = ANY($3))";
+     WHERE workspace_id = $1
+       AND ((hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND external_id = ANY($2))
+            OR (parent_external_id IS NOT NULL
+                AND hashtextextended(parent_external_id, hashtextextended(workspace_id, 0))
+                    = ANY(ARRAY(SELECT hashtextextended(p, hashtextextended($1, 0)) FROM unnest($3::text[]) AS p))
+                AND parent_external_id = ANY($3)))";

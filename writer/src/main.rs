@@ -48,10 +48,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Applies the database migrations.
+    /// Applies the database migrations, up to the first that removes what the previous
+    /// version's binaries use (printed as "waiting_for_contract").
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
+        /// Also applies those: once no binary of the previous version runs, and on a new
+        /// database.
+        #[arg(long)]
+        contract: bool,
     },
     /// Consumes write requests and applies them until SIGTERM or SIGINT.
     Run {
@@ -309,10 +314,11 @@ async fn main() {
 
 async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
-        Command::Migrate { database } => {
+        Command::Migrate { database, contract } => {
             let pool = store::connect(&database.url, 1).await?;
-            migrations::migrator().run(&pool).await?;
-            Ok(json!({ "migrated": true }))
+            let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
+            let waiting = migrations::run(&pool, stage).await?;
+            Ok(json!({ "migrated": true, "waiting_for_contract": waiting }))
         }
         Command::Run {
             database,

@@ -1,8 +1,15 @@
 //! The schema's migrations, embedded at build time (build.rs) and applied by sqlx's migrator:
 //! each is recorded in `_sqlx_migrations` with its version and the SHA-384 of its text, as
 //! sqlx's `migrate!` macro records them, so that a database migrated by either takes the other.
+//!
+//! A schema change that the previous version's binaries cannot run against comes in two steps
+//! (deploy/RUNBOOK.md, "Schema migrations"): migrations that add what the new version uses
+//! (expand), applied before the rollout, and a migration marked `-- contract:` that removes what
+//! only the previous version used, applied once none of its binaries runs. `migrate` stops before
+//! the first contract migration not yet applied; `migrate --contract` applies it and the rest.
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::PgPool;
 use std::borrow::Cow;
 
 include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
@@ -10,8 +17,57 @@ include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 /// sqlx's marker for a migration run outside a transaction (`CREATE INDEX CONCURRENTLY`).
 const NO_TRANSACTION: &str = "-- no-transaction";
 
-pub fn migrator() -> Migrator {
-    let migrations: Vec<Migration> = MIGRATIONS
+/// Ours, on a line of a migration's leading comment: it removes what the previous version's
+/// binaries use.
+const CONTRACT: &str = "-- contract:";
+
+/// How far `migrate` goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Up to the first contract migration not yet applied: safe while the previous version runs.
+    Expand,
+    /// Every migration.
+    Contract,
+}
+
+fn is_contract(sql: &str) -> bool {
+    sql.lines().take_while(|line| line.starts_with("--")).any(|line| line.starts_with(CONTRACT))
+}
+
+/// The migrations that `stage` applies to a database that has `applied`, and the versions
+/// that wait for `--contract`.
+fn selected(stage: Stage, applied: &[i64]) -> (Vec<(i64, &'static str, &'static str)>, Vec<i64>) {
+    let gate = match stage {
+        Stage::Contract => None,
+        Stage::Expand => {
+            MIGRATIONS.iter().position(|&(version, _, sql)| is_contract(sql) && !applied.contains(&version))
+        }
+    };
+    let (run, held) = MIGRATIONS.split_at(gate.unwrap_or(MIGRATIONS.len()));
+    let waiting = held.iter().map(|&(version, _, _)| version).filter(|v| !applied.contains(v)).collect();
+    (run.to_vec(), waiting)
+}
+
+/// Applies `stage`'s migrations; returns the versions that wait for `--contract`.
+pub async fn run(pool: &PgPool, stage: Stage) -> anyhow::Result<Vec<i64>> {
+    let applied: Vec<i64> = if stage == Stage::Expand {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await.or_else(|e| {
+            match e.as_database_error().and_then(|d| d.code()) {
+                // A database never migrated: no table yet.
+                Some(code) if code == "42P01" => Ok(Vec::new()),
+                _ => Err(e),
+            }
+        })?
+    } else {
+        Vec::new()
+    };
+    let (migrations, waiting) = selected(stage, &applied);
+    migrator_of(&migrations).run(pool).await?;
+    Ok(waiting)
+}
+
+fn migrator_of(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
+    let migrations: Vec<Migration> = migrations
         .iter()
         .map(|&(version, description, sql)| {
             Migration::new(
@@ -32,7 +88,7 @@ mod tests {
 
     #[test]
     fn every_migration_is_embedded_in_order_with_sqlx_s_descriptions() {
-        let migrator = migrator();
+        let migrator = migrator_of(MIGRATIONS);
         let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
         let expected: Vec<i64> = (1..=i64::try_from(versions.len()).unwrap_or(0)).collect();
         assert_eq!(versions, expected, "numbered from 1 without a gap");
@@ -40,5 +96,32 @@ mod tests {
         assert_eq!(first.description, "spine");
         let concurrent: Vec<i64> = migrator.iter().filter(|m| m.no_tx).map(|m| m.version).collect();
         assert!(concurrent.contains(&18), "CREATE INDEX CONCURRENTLY runs outside a transaction: {concurrent:?}");
+    }
+
+    #[test]
+    fn migrate_stops_before_the_first_contract_migration_not_applied() {
+        let contracts: Vec<i64> = MIGRATIONS.iter().filter(|m| is_contract(m.2)).map(|m| m.0).collect();
+        assert_eq!(contracts, [26, 27], "the drops of the keys on the workspace id");
+        let versions = |m: &[(i64, &str, &str)]| m.iter().map(|m| m.0).collect::<Vec<_>>();
+
+        let (run, waiting) = selected(Stage::Expand, &[]);
+        assert_eq!(versions(&run), (1..=25).collect::<Vec<_>>(), "a new database, expand only");
+        assert_eq!(waiting, [26, 27]);
+
+        let (run, waiting) = selected(Stage::Contract, &[]);
+        assert_eq!(versions(&run).len(), MIGRATIONS.len());
+        assert!(waiting.is_empty());
+
+        let applied: Vec<i64> = (1..=27).collect();
+        let (run, waiting) = selected(Stage::Expand, &applied);
+        assert_eq!(versions(&run).len(), MIGRATIONS.len(), "contracted already: nothing held back");
+        assert!(waiting.is_empty());
+    }
+
+    #[test]
+    fn only_a_leading_comment_marks_a_contract_migration() {
+        assert!(is_contract("-- no-transaction\n-- contract: after the rollout\nDROP INDEX x;"));
+        assert!(!is_contract("-- no-transaction\nDROP INDEX x;\n-- contract"));
+        assert!(!is_contract("-- no-transaction\n-- contracts of the chains\nCREATE INDEX x;"));
     }
 }

@@ -142,7 +142,8 @@ async fn without_newer(pool: &PgPool, request: &WriteRequestV1) -> anyhow::Resul
     let newer: Vec<(String, String)> = sqlx::query_as(
         "SELECT c.event, c.external_id FROM conversions c
            JOIN unnest($2::text[], $3::text[]) AS i(event, external_id) USING (event, external_id)
-          WHERE c.workspace_id = $1 AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'",
+          WHERE hashtextextended(c.workspace_id, 0) = hashtextextended($1, 0) AND c.workspace_id = $1
+            AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'",
     )
     .bind(&request.workspace_id)
     .bind(&events)

@@ -726,13 +726,16 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
         .connect(&env("DATABASE_URL"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let hash: Option<Option<String>> =
-        sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-            .bind(workspace)
-            .bind(external_id)
-            .fetch_optional(&db)
-            .await
-            .unwrap_or_default();
+    let hash: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT email_sha256 FROM conversions
+              WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
+                AND external_id = $2",
+    )
+    .bind(workspace)
+    .bind(external_id)
+    .fetch_optional(&db)
+    .await
+    .unwrap_or_default();
     hash.flatten().is_none()
 }
 
@@ -810,7 +813,7 @@ async fn setup(http: &reqwest::Client) -> (Arc<Supervisor>, Vec<Key>, String) {
         assert!(output.status.success(), "intake-writer {args:?}: {}", String::from_utf8_lossy(&output.stderr));
         intake_tests::serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
     };
-    run(&["migrate"]);
+    run(&["migrate", "--contract"]);
     run(&["topics", "--request-partitions", "4", "--reply-partitions", "2", "--replication", "3"]);
     let keys: Vec<Key> = (0..WORKSPACES)
         .map(|i| {
@@ -968,7 +971,9 @@ async fn self_check(traffic: &Traffic) -> bool {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let deleted = sqlx::query(
-        "WITH gone AS (DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2 RETURNING id)
+        "WITH gone AS (DELETE FROM conversions
+                       WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
+                         AND external_id = $2 RETURNING id)
          DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)",
     )
     .bind(&workspace)

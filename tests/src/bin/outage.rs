@@ -312,7 +312,7 @@ async fn main() {
     let warmup = Duration::from_secs(arg(&args, "warmup-s", 30));
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap_or_else(|e| panic!("{e}"));
 
-    writer_command(&["migrate"]);
+    writer_command(&["migrate", "--contract"]);
     let reply_partitions = (GATEWAYS + 1).to_string();
     writer_command(&[
         "topics",
@@ -460,7 +460,7 @@ async fn main() {
         let mut missing = 0usize;
         for (key, ids) in load.keys.iter().zip(&ledger) {
             let stored: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)",
+                "SELECT count(*) FROM conversions WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1 AND external_id = ANY($2)",
             )
             .bind(&key.workspace_id)
             .bind(ids)

@@ -153,6 +153,14 @@ pub fn v1_table(name: &str) -> String {
     )
 }
 
+/// A script of today's table turned to the old shape's: its unique key is on the workspace id.
+fn v1_conflict(script: &str) -> String {
+    script.replace(
+        intake_common::conversions_on_conflict!(),
+        intake_common::conversions_on_conflict!("(workspace_id, event, external_id)"),
+    )
+}
+
 /// pg_upsert into a table of the old shape, empty at the start.
 pub async fn pg_upsert_v1(
     db: &sqlx::PgPool,
@@ -165,7 +173,9 @@ pub async fn pg_upsert_v1(
     let table = format!("{PG_UPSERT_TABLE}_v1");
     sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
     sqlx::raw_sql(&v1_table(&table)).execute(db).await?;
-    let script = PG_UPSERT_SCRIPT.replace(&format!("INSERT INTO {PG_UPSERT_TABLE} "), &format!("INSERT INTO {table} "));
+    let script = v1_conflict(
+        &PG_UPSERT_SCRIPT.replace(&format!("INSERT INTO {PG_UPSERT_TABLE} "), &format!("INSERT INTO {table} ")),
+    );
     let measured = pgbench(database_url, &script, roles, duration, clients, dir).await;
     sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
     measured
@@ -227,7 +237,9 @@ pub async fn pg_upsert_v1_into_preloaded(
     clients: usize,
     dir: &Path,
 ) -> anyhow::Result<(Measured, Value)> {
-    let script = PG_UPSERT_PRELOADED_SCRIPT.replace("INSERT INTO conversions ", &format!("INSERT INTO {V1_TABLE} "));
+    let script = v1_conflict(
+        &PG_UPSERT_PRELOADED_SCRIPT.replace("INSERT INTO conversions ", &format!("INSERT INTO {V1_TABLE} ")),
+    );
     pgbench(database_url, &script, roles, duration, clients, dir).await
 }
 

@@ -192,7 +192,11 @@ async fn on_layout(
     conn.close().await?;
     let url = format!("{}/{database}", layout.server_url());
     let writer = PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer");
-    let migrated = Command::new(writer).arg("migrate").env("DATABASE_URL", &url).stdout(Stdio::null()).output()?;
+    let migrated = Command::new(writer)
+        .args(["migrate", "--contract"])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .output()?;
     anyhow::ensure!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await?;
     let primary_port: i32 = sqlx::query_scalar("SELECT inet_server_port()").fetch_one(&db).await?;

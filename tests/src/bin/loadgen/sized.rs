@@ -94,7 +94,7 @@ impl Preloaded {
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin).await?;
         let url = format!("{server}/{name}");
         let status = std::process::Command::new(format!("{bin_dir}/intake-writer"))
-            .arg("migrate")
+            .args(["migrate", "--contract"])
             .env("DATABASE_URL", &url)
             .stdout(std::process::Stdio::null())
             .status()?;

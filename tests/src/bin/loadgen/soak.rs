@@ -456,7 +456,7 @@ async fn missing(db: &sqlx::PgPool, keys: &[TestKey], acked: &[(usize, String)])
         for (index, key) in keys.iter().enumerate() {
             let ids: Vec<&str> = acked.iter().filter(|(w, _)| *w == index).map(|(_, id)| id.as_str()).collect();
             let stored: HashSet<String> = sqlx::query_scalar(
-                "SELECT external_id FROM conversions WHERE workspace_id = $1 AND external_id = ANY($2)",
+                "SELECT external_id FROM conversions WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1 AND external_id = ANY($2)",
             )
             .bind(&key.workspace_id)
             .bind(&ids)
