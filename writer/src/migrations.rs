@@ -50,14 +50,10 @@ fn selected(stage: Stage, applied: &[i64]) -> (Vec<(i64, &'static str, &'static 
 
 /// Applies `stage`'s migrations; returns the versions that wait for `--contract`.
 pub async fn run(pool: &PgPool, stage: Stage) -> anyhow::Result<Vec<i64>> {
-    let applied: Vec<i64> = if stage == Stage::Expand {
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await.or_else(|e| {
-            match e.as_database_error().and_then(|d| d.code()) {
-                // A database never migrated: no table yet.
-                Some(code) if code == "42P01" => Ok(Vec::new()),
-                _ => Err(e),
-            }
-        })?
+    let migrated: bool =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+    let applied: Vec<i64> = if stage == Stage::Expand && migrated {
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await?
     } else {
         Vec::new()
     };

@@ -15,6 +15,7 @@
 use crate::quota::{Memory, MemoryGroup};
 use intake_tests::serde_json::{json, Value};
 use sqlx::PgPool;
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -182,12 +183,13 @@ fn disk_reads(path: &Path) -> Option<(u64, u64, u64)> {
     Some((*f.first()?, *f.get(2)?, *f.get(3)?))
 }
 
-/// PostgreSQL's block reads (misses of its buffers) and their time in the database, and the
-/// disk's reads, at one moment.
+/// PostgreSQL's block reads (misses of its buffers) and their time in the database, by table
+/// and index too, and the disk's reads, at one moment.
 pub struct Io {
     blks_read: i64,
     blks_hit: i64,
     read_ms: f64,
+    by_relation: BTreeMap<String, i64>,
     disk: Option<(u64, u64, u64)>,
 }
 
@@ -197,7 +199,14 @@ pub async fn io(db: &PgPool, data_dir: &Path) -> anyhow::Result<Io> {
     )
     .fetch_one(db)
     .await?;
-    Ok(Io { blks_read, blks_hit, read_ms, disk: disk_reads(data_dir) })
+    let by_relation: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT relname::text, coalesce(heap_blks_read, 0) FROM pg_statio_user_tables
+         UNION ALL
+         SELECT indexrelname::text, coalesce(idx_blks_read, 0) FROM pg_statio_user_indexes",
+    )
+    .fetch_all(db)
+    .await?;
+    Ok(Io { blks_read, blks_hit, read_ms, by_relation: by_relation.into_iter().collect(), disk: disk_reads(data_dir) })
 }
 
 /// `x` to `digits` decimals.
@@ -219,6 +228,18 @@ impl Io {
             "postgresql_buffer_hit_ratio": round(hits as f64 / (hits + reads).max(1) as f64, 4),
             "postgresql_read_ms_mean": mean(read_ms, reads.unsigned_abs()),
         });
+        // Which table or index the reads were of, the most read first: the random pages that
+        // a narrower key would save.
+        let mut by_relation: Vec<(&String, i64)> = later
+            .by_relation
+            .iter()
+            .map(|(name, &n)| (name, n - self.by_relation.get(name).copied().unwrap_or(0)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        by_relation.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+        value["postgresql_block_reads_per_s_by_relation"] = Value::Array(
+            by_relation.into_iter().map(|(name, n)| json!([name, round(n as f64 / seconds, 1)])).collect(),
+        );
         if let (Some((r0, s0, t0)), Some((r1, s1, t1))) = (self.disk, later.disk) {
             let reads = r1.saturating_sub(r0);
             value["disk_reads_per_s"] = json!(round(reads as f64 / seconds, 1));

@@ -928,6 +928,16 @@ fn sized_storage(md: &mut String, run: &Run) {
             );
         }
         let _ = writeln!(md);
+        for (name, proof) in row["capped"]["under_budget"].as_object().into_iter().flatten() {
+            let by_relation: Vec<String> = proof["reads"]["postgresql_block_reads_per_s_by_relation"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(12)
+                .map(|pair| format!("{} {}", pair[0].as_str().unwrap_or_default(), pair[1]))
+                .collect();
+            let _ = writeln!(md, "Block reads a second by table and index, {name}: {}.\n", by_relation.join(", "));
+        }
     }
 }
 
