@@ -10,16 +10,32 @@
 #   deploy/bench-migration.sh                    10 M rows, migrations 0023 to 0027: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
+#   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
+#                                                the same on the HA layout (deploy/ha.sh: three
+#                                                nodes, one synchronous standby, through
+#                                                HAProxy), started for the run in
+#                                                $INTAKE_HOME/bench-migration-ha on ports 31500
+#                                                to 31555 and removed after; also the standbys'
+#                                                replay lag, sampled every 200 ms
 #
 # Needs PostgreSQL (started if it is not running). Uses the database intake_bench_migration
-# (dropped and created again, dropped at the end). Writes bench/migration.md.
+# (dropped and created again, dropped at the end). Writes bench/migration.md
+# (bench/migration-ha.md on the HA layout).
 source "$(dirname "$0")/lib.sh"
 
 rows="${INTAKE_MIGRATION_ROWS:-10000000}"
 db=intake_bench_migration
 first=23 # the first migration under test; the schema before it is the previous version's
+ha="${INTAKE_MIGRATION_HA:-0}"
+ha_dir="$INTAKE_HOME/bench-migration-ha"
 install_packages
-start_postgres
+if [ "$ha" = 1 ]; then
+    PG_PORT=31555 HA_BACKUPS=0
+    trap 'stop_ha_cluster "$ha_dir"; rm -rf "$ha_dir"' EXIT
+    start_ha_cluster "$ha_dir" 31500 "$PG_PORT" >/dev/null
+else
+    start_postgres
+fi
 (cd "$REPO" && cargo build --release -q -p intake-writer)
 writer="$CARGO_TARGET_DIR/release/intake-writer"
 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
@@ -28,7 +44,12 @@ export DATABASE_URL="$(database_url "$db")"
 sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
 pgbench_bin="$(pg_bin pgbench)"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"; psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1' EXIT
+cleanup() {
+    rm -rf "$work"
+    psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1
+    if [ "$ha" = 1 ]; then stop_ha_cluster "$ha_dir"; rm -rf "$ha_dir"; fi
+}
+trap cleanup EXIT
 
 # The schema of the version before: every migration applied, then those under test undone.
 "$writer" migrate --contract >/dev/null
@@ -101,12 +122,25 @@ say "migrating while single upserts arrive at 200/s"
 bench=$! # stopped below, once the migrations are done: its log up to then is written
 sleep 5 # the upserts under way first
 lsn0="$(sql -c "SELECT pg_current_wal_lsn()")"
+# The standbys' distance behind the primary while the migrations run: bytes of WAL not yet
+# replayed, and PostgreSQL's own replay lag (time from a commit to its replay there).
+sample_lag() {
+    while :; do
+        sql -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()), application_name, sync_state,
+                              pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn),
+                              coalesce(extract(epoch FROM replay_lag) * 1000, 0)
+                         FROM pg_stat_replication" >>"$work/lag" 2>/dev/null
+        sleep 0.2
+    done
+}
+if [ "$ha" = 1 ]; then sample_lag & sampler=$!; fi
 migrate_started="$(date +%s.%N)"
 "$writer" migrate >/dev/null
 expanded="$(date +%s.%N)"
 "$writer" migrate --contract >/dev/null
 migrate_ended="$(date +%s.%N)"
 lsn1="$(sql -c "SELECT pg_current_wal_lsn()")"
+[ "$ha" = 1 ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }
 sleep 2
 kill "$bench" 2>/dev/null || true
 wait "$bench" 2>/dev/null || true
@@ -116,6 +150,7 @@ read -r before_p99 _ <<<"$(latencies 0 "$migrate_started")"
 
 mkdir -p "$REPO/bench"
 report="$REPO/bench/migration.md"
+[ "$ha" = 1 ] && report="$REPO/bench/migration-ha.md"
 {
     echo "# Migrations of conversions on a populated table under writes"
     echo
@@ -128,6 +163,26 @@ report="$REPO/bench/migration.md"
     echo
     echo "\`migrate\` $(awk "BEGIN { printf \"%.1f\", $expanded - $migrate_started }") s, \`migrate --contract\` $(awk "BEGIN { printf \"%.1f\", $migrate_ended - $expanded }") s; all of them $(awk "BEGIN { printf \"%.1f\", $migrate_ended - $migrate_started }") s, WAL $(sql -c "SELECT pg_size_pretty('$lsn1'::pg_lsn - '$lsn0'::pg_lsn)"). Upserts at 200/s: p99 $before_p99 ms before; during the migrations p99 $p99 ms, longest $longest ms."
     echo
+    if [ "$ha" = 1 ]; then
+        echo "On the HA layout ($(sql -c 'SELECT count(*) FROM pg_stat_replication') standbys, through HAProxy). Each standby during the migrations, sampled every 200 ms:"
+        echo
+        echo "| standby | sync state | WAL not replayed, largest MB | replay lag, largest ms | replay lag, p99 ms |"
+        echo "|---|---|---|---|---|"
+        python3 - "$work/lag" "$migrate_started" "$migrate_ended" <<'EOF'
+import collections, sys
+path, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rows = collections.defaultdict(list)
+for line in open(path):
+    f = line.split()
+    if len(f) == 5 and start <= float(f[0]) <= end:
+        rows[(f[1], f[2])].append((float(f[3]), float(f[4])))
+for (name, state), samples in sorted(rows.items()):
+    lags = sorted(lag for _, lag in samples)
+    p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))]
+    print(f"| {name} | {state} | {max(b for b, _ in samples) / 1e6:.1f} | {lags[-1]:.0f} | {p99:.0f} |")
+EOF
+        echo
+    fi
     echo "Index bytes per conversion, before:"
     echo
     echo '```'
