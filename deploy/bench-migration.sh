@@ -7,7 +7,7 @@
 # longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
 # after.
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0023 to 0028: `migrate`,
+#   deploy/bench-migration.sh                    10 M rows, migrations 0023 to 0027: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
 #   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
@@ -53,8 +53,8 @@ trap cleanup EXIT
 
 # The schema of the version before: every migration applied, then those under test undone.
 "$writer" migrate --contract >/dev/null
-sql -c "DROP INDEX conversions_by_workspace_hash_external_id_event" -c "DROP INDEX conversions_by_parent_hash" \
-    -c "DROP INDEX workspaces_by_id_hash" -c "DROP STATISTICS conversions_parent_hash" \
+sql -c "DROP INDEX conversions_by_workspace_hash_external_id_event" -c "DROP INDEX conversions_by_workspace_hash_parent" \
+    -c "DROP INDEX workspaces_by_id_hash" \
     -c "CREATE UNIQUE INDEX conversions_by_workspace_external_id_event ON conversions (workspace_id, external_id, event)" \
     -c "CREATE INDEX conversions_by_parent ON conversions (workspace_id, parent_external_id)
         WHERE parent_external_id IS NOT NULL" \

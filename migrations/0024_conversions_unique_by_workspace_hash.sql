@@ -3,7 +3,7 @@
 -- its 30 bytes (0023 keeps the hash unique among workspaces): the largest index that inserts
 -- reach at random pages, and the one that shrinks most. Writers of this version name it in their
 -- ON CONFLICT; the previous version's name the key on the id, which stays until `intake-writer
--- migrate --contract` (0027) once no writer of that version runs (deploy/RUNBOOK.md, "Schema
+-- migrate --contract` (0026) once no writer of that version runs (deploy/RUNBOOK.md, "Schema
 -- migrations"). Built concurrently; if this fails, DROP INDEX CONCURRENTLY the invalid index and
 -- migrate again.
 CREATE UNIQUE INDEX CONCURRENTLY conversions_by_workspace_hash_external_id_event

@@ -74,7 +74,7 @@ async fn indexes(db: &PgPool) -> Vec<String> {
 async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_after_it() {
     let own = OwnDatabase::empty("rollout").await;
     let expanded = own.migrate(&[]);
-    assert_eq!(expanded["waiting_for_contract"], json!([27, 28]), "{expanded}");
+    assert_eq!(expanded["waiting_for_contract"], json!([26, 27]), "{expanded}");
     let db = own.pool().await;
     for statement in [
         "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
@@ -87,7 +87,7 @@ async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_
         "conversions_by_workspace_external_id_event",
         "conversions_by_parent",
         "conversions_by_workspace_hash_external_id_event",
-        "conversions_by_parent_hash",
+        "conversions_by_workspace_hash_parent",
     ] {
         assert!(before.contains(&index.to_owned()), "{index} after the expand: {before:?}");
     }

@@ -108,18 +108,14 @@ pub const MERGE_CHAINS: &str = "
      WHERE c.workspace_id = $1 AND c.chain_id = m.from_chain";
 
 /// The stored rows a chunk's items can touch or link to: those with one of the items' external
-/// ids `$2`, found by the unique key on the workspace id's hash (migration 0024), and the
-/// children of the items `$3`, found by the parent's hash seeded with the workspace's (0025);
-/// both checked against the values in the row (see `plan::plan_chunk`).
+/// ids `$2`, and the children of the items `$3`; found by the two keys that lead with the
+/// workspace id's hash (migrations 0024 and 0025), the workspace checked in the row (see
+/// `plan::plan_chunk`).
 pub const RELATED_CONVERSIONS: &str = "
     SELECT id, event, external_id, chain_id, parent_external_id,
            (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
            visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
            country, value::text AS value, currency, hdyhau, tags
       FROM conversions
-     WHERE workspace_id = $1
-       AND ((hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND external_id = ANY($2))
-            OR (parent_external_id IS NOT NULL
-                AND hashtextextended(parent_external_id, hashtextextended(workspace_id, 0))
-                    = ANY(ARRAY(SELECT hashtextextended(p, hashtextextended($1, 0)) FROM unnest($3::text[]) AS p))
-                AND parent_external_id = ANY($3)))";
+     WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
+       AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))";
