@@ -9,7 +9,7 @@
 //! The model (conversion, validation, normalization, messages, error codes, ids) is the crate
 //! `intake-model`, re-exported here so that `intake_common::validate` and the like still name it.
 
-pub use intake_model::{conversion, conversions_on_conflict, error, ids, message, normalize, validate};
+pub use intake_model::{conversion, conversions_on_conflict, error, ids, in_workspace, message, normalize, validate};
 
 pub mod config;
 #[cfg(feature = "service")]

@@ -101,6 +101,27 @@ pub struct ValidConversion {
     pub warnings: Vec<Warning>,
 }
 
+/// The condition that picks workspace `$1`'s rows of `conversions` through the keys that lead
+/// with the workspace id's 8-byte hash (migrations 0024 and 0025), the id itself checked in the
+/// row against the hash's collisions. Every look-up of a workspace's conversions by external id
+/// uses it, so that none falls back to a key that a contract migration dropped. A literal
+/// argument is the table's alias with its dot (`"c."`).
+#[macro_export]
+macro_rules! in_workspace {
+    () => {
+        $crate::in_workspace!("")
+    };
+    ($alias:literal) => {
+        concat!(
+            "hashtextextended(",
+            $alias,
+            "workspace_id, 0) = hashtextextended($1, 0) AND ",
+            $alias,
+            "workspace_id = $1"
+        )
+    };
+}
+
 /// The end of every insert into `conversions`: what a write of a pair that exists already
 /// changes (every column a conversion carries, and `updated_at`). The writer's insert and the
 /// benchmark's PostgreSQL baseline (`pg_upsert`) both end with it, so that the baseline measures

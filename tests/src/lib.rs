@@ -795,10 +795,9 @@ pub async fn stored_fields(
 ) -> Option<Vec<Option<String>>> {
     let list: Vec<String> = columns.iter().map(|column| format!("({column})::text")).collect();
     let sql = format!(
-        "SELECT ARRAY[{}] FROM conversions
-          WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
-            AND event = $2 AND external_id = $3",
-        list.join(", ")
+        "SELECT ARRAY[{}] FROM conversions WHERE {} AND event = $2 AND external_id = $3",
+        list.join(", "),
+        intake_common::in_workspace!()
     );
     sqlx::query_scalar(&sql)
         .bind(workspace_id)

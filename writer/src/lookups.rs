@@ -111,11 +111,15 @@ pub const MERGE_CHAINS: &str = "
 /// ids `$2`, and the children of the items `$3`; found by the two keys that lead with the
 /// workspace id's hash (migrations 0024 and 0025), the workspace checked in the row (see
 /// `plan::plan_chunk`).
-pub const RELATED_CONVERSIONS: &str = "
+pub const RELATED_CONVERSIONS: &str = concat!(
+    "
     SELECT id, event, external_id, chain_id, parent_external_id,
            (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
            visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
            country, value::text AS value, currency, hdyhau, tags
       FROM conversions
-     WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
-       AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))";
+     WHERE ",
+    intake_common::in_workspace!(),
+    "
+       AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))"
+);

@@ -139,12 +139,13 @@ fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<
 async fn without_newer(pool: &PgPool, request: &WriteRequestV1) -> anyhow::Result<Vec<Conversion>> {
     let events: Vec<&str> = request.items.iter().map(|c| c.event.as_str()).collect();
     let ids: Vec<&str> = request.items.iter().map(|c| c.external_id.as_str()).collect();
-    let newer: Vec<(String, String)> = sqlx::query_as(
+    let newer: Vec<(String, String)> = sqlx::query_as(concat!(
         "SELECT c.event, c.external_id FROM conversions c
            JOIN unnest($2::text[], $3::text[]) AS i(event, external_id) USING (event, external_id)
-          WHERE hashtextextended(c.workspace_id, 0) = hashtextextended($1, 0) AND c.workspace_id = $1
-            AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'",
-    )
+          WHERE ",
+        intake_common::in_workspace!("c."),
+        " AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'"
+    ))
     .bind(&request.workspace_id)
     .bind(&events)
     .bind(&ids)

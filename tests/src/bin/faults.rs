@@ -726,11 +726,11 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
         .connect(&env("DATABASE_URL"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let hash: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT email_sha256 FROM conversions
-              WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
-                AND external_id = $2",
-    )
+    let hash: Option<Option<String>> = sqlx::query_scalar(concat!(
+        "SELECT email_sha256 FROM conversions WHERE ",
+        intake_common::in_workspace!(),
+        " AND external_id = $2"
+    ))
     .bind(workspace)
     .bind(external_id)
     .fetch_optional(&db)
@@ -970,12 +970,12 @@ async fn self_check(traffic: &Traffic) -> bool {
         .connect(&env("DATABASE_URL"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let deleted = sqlx::query(
-        "WITH gone AS (DELETE FROM conversions
-                       WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1
-                         AND external_id = $2 RETURNING id)
-         DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)",
-    )
+    let deleted = sqlx::query(concat!(
+        "WITH gone AS (DELETE FROM conversions WHERE ",
+        intake_common::in_workspace!(),
+        " AND external_id = $2 RETURNING id)
+         DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)"
+    ))
     .bind(&workspace)
     .bind(&external_id)
     .execute(&db)

@@ -459,9 +459,11 @@ async fn main() {
         let ledger = load.lock().acknowledged.iter().map(|ids| ids.to_vec()).collect::<Vec<_>>();
         let mut missing = 0usize;
         for (key, ids) in load.keys.iter().zip(&ledger) {
-            let stored: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM conversions WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1 AND external_id = ANY($2)",
-            )
+            let stored: i64 = sqlx::query_scalar(concat!(
+                "SELECT count(*) FROM conversions WHERE ",
+                intake_common::in_workspace!(),
+                " AND external_id = ANY($2)"
+            ))
             .bind(&key.workspace_id)
             .bind(ids)
             .fetch_one(&db)

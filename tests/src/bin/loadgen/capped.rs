@@ -94,11 +94,13 @@ impl Cluster {
         };
         let shared_buffers_mib = (budget_bytes / 4 / MIB).max(16);
         let group = memory.group(&format!("intake-bench-postgresql-{}", std::process::id()))?;
-        // The deploy's settings (deploy/lib.sh start_postgres), but shared_buffers; I/O timing on.
+        // The deploy's settings (deploy/lib.sh start_postgres), but shared_buffers; I/O timing on;
+        // INTAKE_BENCH_PG_OPTIONS adds server options of a trial (`-c name=value ...`).
+        let trial = std::env::var("INTAKE_BENCH_PG_OPTIONS").unwrap_or_default();
         let options = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -k /tmp -c max_connections=300 \
              -c shared_buffers={shared_buffers_mib}MB -c max_wal_size=8GB -c min_wal_size=1GB \
-             -c checkpoint_timeout=15min -c wal_compression=lz4 -c track_io_timing=on"
+             -c checkpoint_timeout=15min -c wal_compression=lz4 -c track_io_timing=on {trial}"
         );
         // The shell moves itself into the group, then becomes pg_ctl: the server it forks, and
         // every backend after, starts in the group.
@@ -250,26 +252,30 @@ impl Io {
     }
 }
 
-/// The group's memory sampled every 200 ms until stopped: the peak, and the last sample by kind.
+/// The group's memory sampled every 200 ms until stopped: the peaks of its use and of its dirty
+/// page cache, and the last sample by kind.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
+    dirty_peak: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Sampler {
     pub fn start(group: &MemoryGroup) -> Sampler {
-        let (stop, peak) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
-        let usage_file = group.usage_file();
-        let (stop_task, peak_task) = (stop.clone(), peak.clone());
+        let (stop, peak, dirty_peak) =
+            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (usage_file, dirty) = (group.usage_file(), group.dirty_reader());
+        let (stop_task, peak_task, dirty_task) = (stop.clone(), peak.clone(), dirty_peak.clone());
         let task = tokio::spawn(async move {
             while !stop_task.load(Ordering::Relaxed) {
                 let usage = std::fs::read_to_string(&usage_file).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
                 peak_task.fetch_max(usage, Ordering::Relaxed);
+                dirty_task.fetch_max(dirty(), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        Sampler { stop, peak, task }
+        Sampler { stop, peak, dirty_peak, task }
     }
 
     pub async fn finish(self, group: &MemoryGroup) -> Value {
@@ -283,6 +289,7 @@ impl Sampler {
         json!({
             "limit_mib": group.limit_bytes().map(mib),
             "peak_mib": mib(self.peak.load(Ordering::Relaxed)),
+            "dirty_peak_mib": mib(self.dirty_peak.load(Ordering::Relaxed)),
             "at_end": Value::Object(by_kind),
             "limit_hits": group.limit_hits(),
         })

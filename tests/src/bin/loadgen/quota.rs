@@ -206,6 +206,24 @@ impl MemoryGroup {
         }
     }
 
+    /// Reads the bytes of the group's page cache dirty or under writeback: what reclaim has to
+    /// wait for. A cgroup v1 group has no dirty limit of its own (the machine's `vm.dirty_*`
+    /// apply to all of memory), so without early flushes this can grow to most of the group.
+    pub fn dirty_reader(&self) -> impl Fn() -> u64 + Send + 'static {
+        let stat_file = self.path.join("memory.stat");
+        let names: [&str; 2] =
+            if self.v2 { ["file_dirty", "file_writeback"] } else { ["total_dirty", "total_writeback"] };
+        move || {
+            std::fs::read_to_string(&stat_file)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.split_once(' '))
+                .filter(|(name, _)| names.contains(name))
+                .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+                .sum()
+        }
+    }
+
     /// Times the group hit its limit (v1 `memory.failcnt`, v2 `max` in `memory.events`).
     pub fn limit_hits(&self) -> u64 {
         if self.v2 {

@@ -907,17 +907,18 @@ fn sized_storage(md: &mut String, run: &Run) {
     let _ = writeln!(md);
     for row in run.sized.iter().filter(|row| !row["capped"].is_null()) {
         let _ = writeln!(md, "### Under the memory budget, at {}\n", row["size"]);
-        let _ = writeln!(md, "| scenarios | group limit MiB | group peak MiB | page cache MiB at end (shared memory included) | anonymous MiB | shared memory MiB | limit hits | PostgreSQL block reads/s | buffer hit ratio | PostgreSQL read ms | disk reads/s | disk MiB/s | disk read ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "| scenarios | group limit MiB | group peak MiB | page cache MiB at end (shared memory included) | anonymous MiB | shared memory MiB | dirty or in writeback, peak MiB | limit hits | PostgreSQL block reads/s | buffer hit ratio | PostgreSQL read ms | disk reads/s | disk MiB/s | disk read ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for (name, proof) in row["capped"]["under_budget"].as_object().into_iter().flatten() {
             let (m, r) = (&proof["memory"], &proof["reads"]);
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 m["limit_mib"],
                 m["peak_mib"],
                 m["at_end"]["page_cache_mib"],
                 m["at_end"]["anonymous_mib"],
                 m["at_end"]["shared_memory_mib"],
+                m["dirty_peak_mib"],
                 m["limit_hits"],
                 r["postgresql_block_reads_per_s"],
                 r["postgresql_buffer_hit_ratio"],

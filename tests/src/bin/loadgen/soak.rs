@@ -455,9 +455,11 @@ async fn missing(db: &sqlx::PgPool, keys: &[TestKey], acked: &[(usize, String)])
         let mut missing = Vec::new();
         for (index, key) in keys.iter().enumerate() {
             let ids: Vec<&str> = acked.iter().filter(|(w, _)| *w == index).map(|(_, id)| id.as_str()).collect();
-            let stored: HashSet<String> = sqlx::query_scalar(
-                "SELECT external_id FROM conversions WHERE hashtextextended(workspace_id, 0) = hashtextextended($1, 0) AND workspace_id = $1 AND external_id = ANY($2)",
-            )
+            let stored: HashSet<String> = sqlx::query_scalar(concat!(
+                "SELECT external_id FROM conversions WHERE ",
+                intake_common::in_workspace!(),
+                " AND external_id = ANY($2)"
+            ))
             .bind(&key.workspace_id)
             .bind(&ids)
             .fetch_all(db)
