@@ -17,6 +17,7 @@ use sqlx::types::Json;
 use sqlx::{Connection, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
@@ -129,11 +130,39 @@ macro_rules! commit_settings {
 }
 use commit_settings;
 
-/// Records the message ids applied and their results.
-macro_rules! record_applied {
-    () => {
-        "INSERT INTO applied_messages (correlation_id, workspace_id, results)
-         SELECT id, $1, results::jsonb FROM unnest($2::text[], $3::text[]) AS m(id, results)"
+/// A chunk's write, as one statement: the plan's new chains (`$19`), its rows (`$2` to `$18`, in
+/// the workspace `$1`) and the message ids applied with their results (`$20`, `$21`), each a
+/// data-modifying `WITH` of one round trip. A row's chain may be one inserted beside it: the
+/// foreign key is checked at the statement's end. The select list is the statement's result:
+/// [`commit_settings`] when it is the transaction's last.
+macro_rules! write_chunk {
+    ($($select:tt)+) => {
+        concat!(
+            "WITH new_chains AS (
+                 INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($19::text[]) AS new(id)),
+             recorded AS (
+                 INSERT INTO applied_messages (correlation_id, workspace_id, results)
+                 SELECT id, $1, results::jsonb FROM unnest($20::text[], $21::text[]) AS m(id, results)),
+             written AS (
+                 INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id,
+                                          occurred_at, visitor_id, click_id, contact_id, email_sha256,
+                                          phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
+                 SELECT u.id, $1, u.event, u.external_id, u.chain_id, u.parent_external_id,
+                        'epoch'::timestamptz + u.occurred_at_ms * interval '1 millisecond',
+                        u.visitor_id, u.click_id, u.contact_id, u.email_sha256, u.phone_sha256, u.address_sha256,
+                        u.country, u.value::numeric, u.currency, u.hdyhau, u.tags::jsonb
+                   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::text[],
+                               $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
+                               $15::text[], $16::text[], $17::text[], $18::text[])
+                     AS u(id, event, external_id, chain_id, parent_external_id, occurred_at_ms, visitor_id, click_id,
+                          contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau,
+                          tags)
+                 ",
+            intake_common::conversions_on_conflict!(),
+            ")
+             SELECT ",
+            $($select)+
+        )
     };
 }
 
@@ -351,31 +380,29 @@ async fn apply_workspace(
         let related = fetch_related(tx, workspace_id, &items).await?;
         let sizes: Vec<usize> = fresh.iter().map(|r| r.items.len()).collect();
         let plan = plan::plan_chunk(&items, &sizes, related);
-        write_plan(tx, workspace_id, &plan).await?;
-        match_visits(tx, workspace_id, &plan.writes).await?;
+        // Each message's results, recorded with the write, as they are also replied.
+        let mut results = plan.results.as_slice();
+        let texts: Vec<String> = sizes
+            .iter()
+            .map(|&size| {
+                let (own, rest) = results.split_at(size.min(results.len()));
+                results = rest;
+                serde_json::to_string(own).unwrap_or_else(|_| "[]".to_owned())
+            })
+            .collect();
+        let recorded = Recorded { ids: fresh.iter().map(|r| r.correlation_id.as_str()).collect(), results: texts };
+        // The commit settings end the transaction's bounds: only its last statement sets them.
+        let matching = Matching::of(&plan.writes);
+        let write_is_last = last && matching.matchable.is_empty();
+        matching.forget_stale(tx).await?;
+        write_plan(tx, workspace_id, &plan, &recorded, write_is_last).await?;
+        matching.match_visits(tx, workspace_id, last).await?;
         let mut results = plan.results.into_iter();
         let mut merged = plan.merged_by_message.into_iter();
         for request in &fresh {
             let own: Vec<ItemResult> = results.by_ref().take(request.items.len()).collect();
             fresh_results.insert(request.correlation_id.as_str(), (own, merged.next().unwrap_or_default()));
         }
-        let texts: Vec<String> = fresh
-            .iter()
-            .map(|r| {
-                serde_json::to_string(&fresh_results[r.correlation_id.as_str()].0).unwrap_or_else(|_| "[]".to_owned())
-            })
-            .collect();
-        // The commit settings end the transaction's bounds: folded only into its last statement.
-        let record = match last {
-            true => concat!(record_applied!(), ", (SELECT ", commit_settings!(), ") AS commit_settings"),
-            false => record_applied!(),
-        };
-        sqlx::query(record)
-            .bind(workspace_id)
-            .bind(fresh.iter().map(|r| r.correlation_id.as_str()).collect::<Vec<_>>())
-            .bind(&texts)
-            .execute(&mut **tx)
-            .await?;
     }
     let prepared = if last && !fresh.is_empty() { Prepared::Yes } else { Prepared::No };
     let run = Run::Done(
@@ -465,15 +492,31 @@ async fn fetch_related(
         .collect()
 }
 
-async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan: &Plan) -> Result<(), sqlx::Error> {
-    if !plan.new_chains.is_empty() {
-        sqlx::query("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($2::text[]) AS new(id)")
-            .bind(workspace_id)
-            .bind(&plan.new_chains)
-            .execute(&mut **tx)
-            .await?;
-    }
+/// The message ids of a workspace's fresh chunks and their results, recorded with their write.
+struct Recorded<'a> {
+    ids: Vec<&'a str>,
+    results: Vec<String>,
+}
+
+/// Writes the plan: its merges first, then the chunk's write of one round trip ([`write_chunk`]).
+async fn write_plan(
+    tx: &mut Transaction<'_, Postgres>,
+    workspace_id: &str,
+    plan: &Plan,
+    recorded: &Recorded<'_>,
+    last: bool,
+) -> Result<(), sqlx::Error> {
+    let mut new_chains: &[String] = &plan.new_chains;
     if !plan.merges.is_empty() {
+        // A merge can name a chain this chunk creates, which must be stored before it.
+        if !new_chains.is_empty() {
+            sqlx::query("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($2::text[]) AS new(id)")
+                .bind(workspace_id)
+                .bind(new_chains)
+                .execute(&mut **tx)
+                .await?;
+            new_chains = &[];
+        }
         let (from, into): (Vec<&str>, Vec<&str>) = plan.merges.iter().map(|(f, i)| (f.as_str(), i.as_str())).unzip();
         sqlx::query(lookups::MERGE_CHAINS).bind(workspace_id).bind(&from).bind(&into).execute(&mut **tx).await?;
         // Chains merged earlier into a chain merged now point straight at the survivor, so an old
@@ -488,60 +531,41 @@ async fn write_plan(tx: &mut Transaction<'_, Postgres>, workspace_id: &str, plan
         .execute(&mut **tx)
         .await?;
     }
-    if !plan.writes.is_empty() {
-        let rows: Vec<&StoredConversion> = plan.writes.iter().map(|write| &write.row).collect();
-        upsert_conversions(tx, workspace_id, &rows).await?;
+    fn column<'a, T>(rows: &'a [plan::Write], f: impl Fn(&'a StoredConversion) -> T) -> Vec<T> {
+        rows.iter().map(|write| f(&write.row)).collect()
     }
-    Ok(())
-}
-
-async fn upsert_conversions(
-    tx: &mut Transaction<'_, Postgres>,
-    workspace_id: &str,
-    rows: &[&StoredConversion],
-) -> Result<(), sqlx::Error> {
-    fn column<'a, T>(rows: &[&'a StoredConversion], f: impl Fn(&'a StoredConversion) -> T) -> Vec<T> {
-        rows.iter().map(|row| f(row)).collect()
-    }
+    let rows = &plan.writes;
     let tags: Vec<Option<String>> = column(rows, |r| {
         r.fields.tags.as_ref().map(|tags| serde_json::to_string(tags).unwrap_or_else(|_| "{}".to_owned()))
     });
-    sqlx::query(concat!(
-        "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
-                                  visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
-                                  country, value, currency, hdyhau, tags)
-         SELECT u.id, $1, u.event, u.external_id, u.chain_id, u.parent_external_id,
-                'epoch'::timestamptz + u.occurred_at_ms * interval '1 millisecond',
-                u.visitor_id, u.click_id, u.contact_id, u.email_sha256, u.phone_sha256, u.address_sha256,
-                u.country, u.value::numeric, u.currency, u.hdyhau, u.tags::jsonb
-           FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::text[], $9::text[],
-                       $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
-                       $17::text[], $18::text[])
-             AS u(id, event, external_id, chain_id, parent_external_id, occurred_at_ms, visitor_id, click_id,
-                  contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
-         ",
-        intake_common::conversions_on_conflict!()
-    ))
-    .bind(workspace_id)
-    .bind(column(rows, |r| r.id.as_str()))
-    .bind(column(rows, |r| r.event.as_str()))
-    .bind(column(rows, |r| r.external_id.as_str()))
-    .bind(column(rows, |r| r.chain_id.as_str()))
-    .bind(column(rows, |r| r.fields.parent_external_id.as_deref()))
-    .bind(column(rows, |r| r.fields.occurred_at_ms))
-    .bind(column(rows, |r| r.fields.visitor_id.as_deref()))
-    .bind(column(rows, |r| r.fields.click_id.as_deref()))
-    .bind(column(rows, |r| r.fields.contact_id.as_deref()))
-    .bind(column(rows, |r| r.fields.email_sha256.as_deref()))
-    .bind(column(rows, |r| r.fields.phone_sha256.as_deref()))
-    .bind(column(rows, |r| r.fields.address_sha256.as_deref()))
-    .bind(column(rows, |r| r.fields.country.as_deref()))
-    .bind(column(rows, |r| r.fields.value.as_deref()))
-    .bind(column(rows, |r| r.fields.currency.as_deref()))
-    .bind(column(rows, |r| r.fields.hdyhau.as_deref()))
-    .bind(tags)
-    .execute(&mut **tx)
-    .await?;
+    let sql = match last {
+        true => write_chunk!(commit_settings!()),
+        false => write_chunk!("1"),
+    };
+    sqlx::query(sql)
+        .bind(workspace_id)
+        .bind(column(rows, |r| r.id.as_str()))
+        .bind(column(rows, |r| r.event.as_str()))
+        .bind(column(rows, |r| r.external_id.as_str()))
+        .bind(column(rows, |r| r.chain_id.as_str()))
+        .bind(column(rows, |r| r.fields.parent_external_id.as_deref()))
+        .bind(column(rows, |r| r.fields.occurred_at_ms))
+        .bind(column(rows, |r| r.fields.visitor_id.as_deref()))
+        .bind(column(rows, |r| r.fields.click_id.as_deref()))
+        .bind(column(rows, |r| r.fields.contact_id.as_deref()))
+        .bind(column(rows, |r| r.fields.email_sha256.as_deref()))
+        .bind(column(rows, |r| r.fields.phone_sha256.as_deref()))
+        .bind(column(rows, |r| r.fields.address_sha256.as_deref()))
+        .bind(column(rows, |r| r.fields.country.as_deref()))
+        .bind(column(rows, |r| r.fields.value.as_deref()))
+        .bind(column(rows, |r| r.fields.currency.as_deref()))
+        .bind(column(rows, |r| r.fields.hdyhau.as_deref()))
+        .bind(tags)
+        .bind(new_chains)
+        .bind(&recorded.ids)
+        .bind(&recorded.results)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 
@@ -549,47 +573,70 @@ async fn upsert_conversions(
 /// and visits older than this before a conversion do not match it.
 const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
 
-/// Recomputes the visit matches of the written conversions: by the 16-character visitor id,
-/// by click id, and by contact id against the visit's recipient id; visits at or before
-/// `occurred_at` and within 90 days of it. Two statements per chunk; each lookup of the second
-/// is answered by an index of `visits` (see [`lookups::MATCH_VISITS`]).
-async fn match_visits(
-    tx: &mut Transaction<'_, Postgres>,
-    workspace_id: &str,
-    writes: &[plan::Write],
-) -> Result<(), sqlx::Error> {
-    // Only rows whose matching inputs changed: a new value or tag keeps the matches it has.
-    let writes: Vec<&plan::Write> = writes.iter().filter(|w| w.rematch).collect();
-    if writes.is_empty() {
-        return Ok(());
+/// [`lookups::MATCH_VISITS`] as a transaction's last statement, with the [`commit_settings`].
+static MATCH_VISITS_LAST: LazyLock<String> =
+    LazyLock::new(|| format!("WITH matched AS ({}) SELECT {}", lookups::MATCH_VISITS, commit_settings!()));
+
+/// The visit matches the written conversions need: by the 16-character visitor id, by click id,
+/// and by contact id against the visit's recipient id; visits at or before `occurred_at` and
+/// within 90 days of it. Only rows whose matching inputs changed: a new value or tag keeps the
+/// matches it has.
+struct Matching<'a> {
+    /// Stored rows rewritten with other matching inputs: their matches go before the write.
+    stale: Vec<&'a str>,
+    /// The rows to match after the write; each lookup is answered by an index of `visits` (see
+    /// [`lookups::MATCH_VISITS`]).
+    matchable: Vec<&'a StoredConversion>,
+}
+
+impl<'a> Matching<'a> {
+    fn of(writes: &'a [plan::Write]) -> Matching<'a> {
+        let rematched = writes.iter().filter(|w| w.rematch);
+        Matching {
+            // A row created by this chunk has a new id, which no match names yet.
+            stale: rematched.clone().filter(|w| !w.created).map(|w| w.row.id.as_str()).collect(),
+            matchable: rematched
+                .filter(|w| w.row.fields.occurred_at_ms >= w.received_at_ms - MATCH_WINDOW_MS)
+                .map(|w| &w.row)
+                .filter(|r| {
+                    r.fields.visitor_id.is_some() || r.fields.click_id.is_some() || r.fields.contact_id.is_some()
+                })
+                .collect(),
+        }
     }
-    // A row created by this chunk has a new id, which no match names yet.
-    let ids: Vec<&str> = writes.iter().filter(|w| !w.created).map(|w| w.row.id.as_str()).collect();
-    if !ids.is_empty() {
-        sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)")
-            .bind(&ids)
+
+    async fn forget_stale(&self, tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+        if !self.stale.is_empty() {
+            sqlx::query("DELETE FROM conversion_matches WHERE conversion_id = ANY($1)")
+                .bind(&self.stale)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn match_visits(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        workspace_id: &str,
+        last: bool,
+    ) -> Result<(), sqlx::Error> {
+        if self.matchable.is_empty() {
+            return Ok(());
+        }
+        let rows = &self.matchable;
+        let sql = if last { MATCH_VISITS_LAST.as_str() } else { lookups::MATCH_VISITS };
+        sqlx::query(sql)
+            .bind(workspace_id)
+            .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.fields.click_id.as_deref()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.fields.contact_id.as_deref()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.fields.occurred_at_ms).collect::<Vec<_>>())
             .execute(&mut **tx)
             .await?;
+        Ok(())
     }
-    let matchable: Vec<&StoredConversion> = writes
-        .iter()
-        .filter(|w| w.row.fields.occurred_at_ms >= w.received_at_ms - MATCH_WINDOW_MS)
-        .map(|w| &w.row)
-        .filter(|r| r.fields.visitor_id.is_some() || r.fields.click_id.is_some() || r.fields.contact_id.is_some())
-        .collect();
-    if matchable.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(lookups::MATCH_VISITS)
-        .bind(workspace_id)
-        .bind(matchable.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
-        .bind(matchable.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
-        .bind(matchable.iter().map(|r| r.fields.click_id.as_deref()).collect::<Vec<_>>())
-        .bind(matchable.iter().map(|r| r.fields.contact_id.as_deref()).collect::<Vec<_>>())
-        .bind(matchable.iter().map(|r| r.fields.occurred_at_ms).collect::<Vec<_>>())
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]
