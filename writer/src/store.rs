@@ -130,6 +130,13 @@ macro_rules! commit_settings {
 }
 use commit_settings;
 
+/// Inserts workspace `$1`'s new chains, their ids the array parameter named.
+macro_rules! insert_chains {
+    ($ids:literal) => {
+        concat!("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest(", $ids, "::text[]) AS new(id)")
+    };
+}
+
 /// A chunk's write, as one statement: the plan's new chains (`$19`), its rows (`$2` to `$18`, in
 /// the workspace `$1`) and the message ids applied with their results (`$20`, `$21`), each a
 /// data-modifying `WITH` of one round trip. A row's chain may be one inserted beside it: the
@@ -138,8 +145,9 @@ use commit_settings;
 macro_rules! write_chunk {
     ($($select:tt)+) => {
         concat!(
-            "WITH new_chains AS (
-                 INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($19::text[]) AS new(id)),
+            "WITH new_chains AS (",
+            insert_chains!("$19"),
+            "),
              recorded AS (
                  INSERT INTO applied_messages (correlation_id, workspace_id, results)
                  SELECT id, $1, results::jsonb FROM unnest($20::text[], $21::text[]) AS m(id, results)),
@@ -510,11 +518,7 @@ async fn write_plan(
     if !plan.merges.is_empty() {
         // A merge can name a chain this chunk creates, which must be stored before it.
         if !new_chains.is_empty() {
-            sqlx::query("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($2::text[]) AS new(id)")
-                .bind(workspace_id)
-                .bind(new_chains)
-                .execute(&mut **tx)
-                .await?;
+            sqlx::query(insert_chains!("$2")).bind(workspace_id).bind(new_chains).execute(&mut **tx).await?;
             new_chains = &[];
         }
         let (from, into): (Vec<&str>, Vec<&str>) = plan.merges.iter().map(|(f, i)| (f.as_str(), i.as_str())).unzip();
