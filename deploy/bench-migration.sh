@@ -7,7 +7,7 @@
 # longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
 # after.
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0023 to 0027: `migrate`,
+#   deploy/bench-migration.sh                    10 M rows, migrations 0028 to 0035: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
 #   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
@@ -25,7 +25,7 @@ source "$(dirname "$0")/lib.sh"
 
 rows="${INTAKE_MIGRATION_ROWS:-10000000}"
 db=intake_bench_migration
-first=23 # the first migration under test; the schema before it is the previous version's
+first=28 # the first migration under test; the schema before it is the previous version's
 ha="${INTAKE_MIGRATION_HA:-0}"
 ha_dir="$INTAKE_HOME/bench-migration-ha"
 # Each node holds the table, its indexes and the load's WAL: about 1.5 kB a row (a 10 M load
@@ -64,11 +64,17 @@ trap cleanup EXIT
 
 # The schema of the version before: every migration applied, then those under test undone.
 "$writer" migrate --contract >/dev/null
-sql -c "DROP INDEX conversions_by_workspace_hash_external_id_event" -c "DROP INDEX conversions_by_workspace_hash_parent" \
-    -c "DROP INDEX workspaces_by_id_hash" \
-    -c "CREATE UNIQUE INDEX conversions_by_workspace_external_id_event ON conversions (workspace_id, external_id, event)" \
-    -c "CREATE INDEX conversions_by_parent ON conversions (workspace_id, parent_external_id)
-        WHERE parent_external_id IS NOT NULL" \
+sql -c "DROP INDEX conversions_by_month_email_hash, conversions_by_month_phone_hash,
+                   conversions_by_month_visitor_hash, conversions_by_month_contact_hash" \
+    -c "CREATE INDEX conversions_by_email_hash ON conversions (hashtextextended(email_sha256, 0))
+        WHERE email_sha256 IS NOT NULL" \
+    -c "CREATE INDEX conversions_by_phone_hash ON conversions (hashtextextended(phone_sha256, 0))
+        WHERE phone_sha256 IS NOT NULL" \
+    -c "CREATE INDEX conversions_by_visitor_hash ON conversions (hashtextextended(left(visitor_id, 16), 0))
+        WHERE visitor_id IS NOT NULL" \
+    -c "CREATE INDEX conversions_by_contact_hash
+        ON conversions (hashtextextended(contact_id, hashtextextended(workspace_id, 0)))
+        WHERE contact_id IS NOT NULL" \
     -c "DELETE FROM _sqlx_migrations WHERE version >= $first"
 
 say "loading $rows conversions"
@@ -80,7 +86,8 @@ for name in $(sql -c "SELECT indexname FROM pg_indexes WHERE tablename = 'conver
     sql -c "DROP INDEX $name"
 done
 # 1,000 workspaces; one conversion in three a purchase in the chain of the lead before it; ids
-# in creation order, as ULIDs are; workspace ids of their real width (29 characters).
+# in creation order, as ULIDs are; workspace ids of their real width (29 characters); stored
+# over the last year.
 sql -c "INSERT INTO workspaces (id, name, project_id)
             SELECT 'ws_' || lpad(w::text, 26, '0'), 'w', 'p' FROM generate_series(0, 999) w" \
     -c "SET session_replication_role = replica" \
@@ -89,14 +96,15 @@ sql -c "INSERT INTO workspaces (id, name, project_id)
             FROM generate_series(1, $rows) g WHERE g % 3 <> 0" \
     -c "INSERT INTO conversions (id, workspace_id, event, external_id, parent_external_id, chain_id,
             occurred_at, visitor_id, click_id, contact_id, email_sha256, phone_sha256,
-            address_sha256, country, value, currency, tags)
+            address_sha256, country, value, currency, tags, created_at)
         SELECT 'cnv_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0'),
             CASE WHEN g % 3 = 0 THEN 'purchase' ELSE 'lead' END, 'ext-' || g,
             CASE WHEN g % 3 = 0 THEN 'ext-' || (g - 1) END,
             'chn_' || lpad(to_hex(CASE WHEN g % 3 = 0 THEN g - 1 ELSE g END), 26, '0'),
-            now() - make_interval(secs => $rows - g), 'v' || md5(g::text), 'c' || g, 'ct' || g,
-            encode(sha256(('e' || g)::bytea), 'hex'), encode(sha256(('p' || g)::bytea), 'hex'),
-            encode(sha256(('a' || g)::bytea), 'hex'), 'DE', g % 1000, 'EUR', '[\"crm\"]'
+            now() - make_interval(secs => ($rows - g) * 31536000.0 / $rows), 'v' || md5(g::text), 'c' || g,
+            'ct' || g, encode(sha256(('e' || g)::bytea), 'hex'), encode(sha256(('p' || g)::bytea), 'hex'),
+            encode(sha256(('a' || g)::bytea), 'hex'), 'DE', g % 1000, 'EUR', '[\"crm\"]',
+            now() - make_interval(secs => ($rows - g) * 31536000.0 / $rows)
         FROM generate_series(1, $rows) g"
 sql -c "SET maintenance_work_mem = '512MB'" -c "$indexes"
 sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (ANALYZE) chains" -c "CHECKPOINT"

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 /// Rows of each of `conversions` and `visits`; three in four in the workspace `ws_0`.
 const ROWS: i64 = 250_000;
 
-/// Workspace `ws_0` holds three in four rows, 99 others the rest. Every other conversion has a
+/// Workspace `ws_0` holds three in four rows, 99 others the rest, created over a year. Every other conversion has a
 /// visitor id (16 characters and a suffix), one in three a click id, one in five a contact id,
 /// every other an email hash, one in four a phone hash, one in three the row before as its
 /// parent; visits likewise.
@@ -32,14 +32,15 @@ async fn fill(db: &PgPool) {
               FROM generate_series(1, {ROWS}) g",
         "INSERT INTO chains (id, workspace_id) SELECT 'ch_' || g, ws FROM spread",
         "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id, click_id,
-                                  contact_id, email_sha256, phone_sha256, parent_external_id)
+                                  contact_id, email_sha256, phone_sha256, parent_external_id, created_at)
          SELECT 'cv_' || g, ws, 'purchase', 'e' || g, 'ch_' || g, now() - (g % 2000) * interval '1 hour',
                 CASE WHEN g % 2 = 0 THEN substr(md5('v' || g), 1, 16) || '.1700000000' END,
                 CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
                 CASE WHEN g % 5 = 0 THEN 'contact-' || g END,
                 CASE WHEN g % 2 = 1 THEN md5('e' || g) || md5('E' || g) END,
                 CASE WHEN g % 4 = 1 THEN md5('p' || g) || md5('P' || g) END,
-                CASE WHEN g % 3 = 0 THEN 'e' || (g - 1) END
+                CASE WHEN g % 3 = 0 THEN 'e' || (g - 1) END,
+                now() - (g % 8760) * interval '1 hour'
            FROM spread",
         "INSERT INTO visits (workspace_id, visitor_id, click_id, recipient_id, visited_at, page)
          SELECT ws, substr(md5('v' || (g - g % 2)), 1, 16), CASE WHEN g % 3 = 0 THEN md5('k' || g) END,
@@ -182,12 +183,12 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         // A look-up by an identifier reads that identifier's index, not a range of the
         // workspace's rows in an index that leads with the workspace id.
         if let Some(index) = match name {
-            "by email" => Some("conversions_by_email_hash"),
-            "by phone" => Some("conversions_by_phone_hash"),
+            "by email" => Some("conversions_by_month_email_hash"),
+            "by phone" => Some("conversions_by_month_phone_hash"),
             "by contact id" | "by contact id in a small workspace" | "one step out" => {
-                Some("conversions_by_contact_hash")
+                Some("conversions_by_month_contact_hash")
             }
-            "by visitor id" => Some("conversions_by_visitor_hash"),
+            "by visitor id" => Some("conversions_by_month_visitor_hash"),
             _ => None,
         } {
             let plan = plan.to_string();
@@ -240,12 +241,14 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
     );
     let dropped: Vec<String> = sqlx::query_scalar(
         "SELECT indexname::text FROM pg_indexes WHERE tablename = 'conversions'
-            AND indexname IN ('conversions_by_workspace_external_id_event', 'conversions_by_parent')",
+            AND indexname IN ('conversions_by_workspace_external_id_event', 'conversions_by_parent',
+                              'conversions_by_email_hash', 'conversions_by_phone_hash',
+                              'conversions_by_visitor_hash', 'conversions_by_contact_hash')",
     )
     .fetch_all(&db)
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    assert!(dropped.is_empty(), "the keys on the workspace id outlived --contract: {dropped:?}");
+    assert!(dropped.is_empty(), "the indexes that others replace outlived --contract: {dropped:?}");
     // A merge finds each chain's rows by the chain id alone, not by a range of the workspace's
     // rows in another index that leads with the workspace id.
     let merge =
@@ -254,13 +257,15 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
     assert!(merge.to_string().contains("\"conversions_by_chain_id\""), "a chain merge: {merge:#}");
 
     // The erasure itself, in the workspace of 190k conversions and visits: one person's five
-    // conversions (one email address) and their visits.
+    // conversions (one email address), stored in months apart, and their visits.
     let person = intake_common::normalize::email_hash("someone@example.com").unwrap_or_else(|| unreachable!());
-    sqlx::query("UPDATE conversions SET email_sha256 = $1 WHERE id IN ('cv_2', 'cv_6', 'cv_10', 'cv_14', 'cv_18')")
-        .bind(person.as_str())
-        .execute(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(
+        "UPDATE conversions SET email_sha256 = $1 WHERE id IN ('cv_2', 'cv_2002', 'cv_4002', 'cv_6002', 'cv_8002')",
+    )
+    .bind(person.as_str())
+    .execute(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let started = std::time::Instant::now();
     let mut erase = Command::new(std::path::Path::new(&env("INTAKE_BIN_DIR")).join("intake-writer"))
         .args(["erase", "--workspace", "ws_0", "--email"])

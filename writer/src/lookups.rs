@@ -1,58 +1,107 @@
 //! The statements that look a person's rows up by identifier: matching's and erasure's; and
 //! the look-up of the rows a chunk relates to. Each is
-//! a union of lookups that one index answers (migrations 0001, 0003, 0010 to 0012, 0018, 0020,
-//! 0024 and 0025), not one condition ORed across columns, which the planner may answer by scanning the
+//! a union of lookups that one index answers (migrations 0001, 0003, 0018, 0024, 0025 and 0028
+//! to 0031), not one condition ORed across columns, which the planner may answer by scanning the
 //! whole workspace. Email and phone digests, visitor ids and contact ids are looked up through
 //! indexes of an 8-byte hash of the value (`hashtextextended`; a contact id's seeded with its
 //! workspace's, as contact ids repeat across workspaces), a third of an index of the value
-//! itself; each row found is checked against the value and the workspace. Kept apart and free of dependencies so that
-//! `tests/tests/indexed_lookups.rs` EXPLAINs the very text the writer runs, on tables of
-//! realistic size.
+//! itself; each row found is checked against the value and the workspace. Those indexes lead with
+//! the month the row was created in, so that a new row's entry goes among the few pages of this
+//! month's: a look-up probes each month from the index's first to its last. Kept apart and free
+//! of dependencies so that `tests/tests/indexed_lookups.rs` EXPLAINs the very text the writer
+//! runs, on tables of realistic size.
+
+/// The month of creation that leads the identifiers' indexes (migrations 0028 to 0031).
+macro_rules! created_month {
+    () => {
+        "date_trunc('month', created_at AT TIME ZONE 'UTC')"
+    };
+}
+
+/// `created_month = ANY(every month of the index of the rows where $present holds)`: from its
+/// first entry's month to its last's, each read at one end of the index.
+macro_rules! in_created_months {
+    ($present:literal) => {
+        concat!(
+            created_month!(),
+            " = ANY(ARRAY(SELECT generate_series((SELECT min(",
+            created_month!(),
+            ") FROM conversions WHERE ",
+            $present,
+            "), (SELECT max(",
+            created_month!(),
+            ") FROM conversions WHERE ",
+            $present,
+            "), interval '1 month')))"
+        )
+    };
+}
 
 /// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
 /// identifiers they carry (visitor id: its 16 characters).
-pub const PERSON_BY_EMAIL: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
-     phone_sha256 FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL
-     AND hashtextextended(email_sha256, 0) = hashtextextended($2, 0) AND email_sha256 = $2";
-pub const PERSON_BY_PHONE: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, \
-     phone_sha256 FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL
-     AND hashtextextended(phone_sha256, 0) = hashtextextended($2, 0) AND phone_sha256 = $2";
-pub const PERSON_BY_CONTACT: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
-     email_sha256, phone_sha256 FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL
-     AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
-     AND contact_id = $2";
-pub const PERSON_BY_VISITOR: &str = "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, \
-     email_sha256, phone_sha256 FROM conversions
-     WHERE workspace_id = $1 AND visitor_id IS NOT NULL
-       AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
-       AND left(visitor_id, 16) = left($2, 16)";
+pub const PERSON_BY_EMAIL: &str = concat!(
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND ",
+    in_created_months!("email_sha256 IS NOT NULL"),
+    " AND hashtextextended(email_sha256, 0) = hashtextextended($2, 0) AND email_sha256 = $2"
+);
+pub const PERSON_BY_PHONE: &str = concat!(
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND ",
+    in_created_months!("phone_sha256 IS NOT NULL"),
+    " AND hashtextextended(phone_sha256, 0) = hashtextextended($2, 0) AND phone_sha256 = $2"
+);
+pub const PERSON_BY_CONTACT: &str = concat!(
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
+    in_created_months!("contact_id IS NOT NULL"),
+    " AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
+      AND contact_id = $2"
+);
+pub const PERSON_BY_VISITOR: &str = concat!(
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
+    in_created_months!("visitor_id IS NOT NULL"),
+    " AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
+      AND left(visitor_id, 16) = left($2, 16)"
+);
 
 /// One step out (docs/architecture.md, "Privacy"): the conversions of workspace `$1` that are `$2` or carry one of the
 /// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
-pub const PERSON_ONE_STEP: &str = "
+pub const PERSON_ONE_STEP: &str = concat!(
+    "
     SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
       FROM conversions WHERE workspace_id = $1 AND id = ANY($2)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL
+      FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
+    in_created_months!("visitor_id IS NOT NULL"),
+    "
        AND hashtextextended(left(visitor_id, 16), 0) = ANY(ARRAY(SELECT hashtextextended(v, 0) FROM unnest($3::text[]) AS v))
        AND left(visitor_id, 16) = ANY($3)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL
+      FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
+    in_created_months!("contact_id IS NOT NULL"),
+    "
        AND hashtextextended(contact_id, hashtextextended(workspace_id, 0))
            = ANY(ARRAY(SELECT hashtextextended(c, hashtextextended($1, 0)) FROM unnest($4::text[]) AS c))
        AND contact_id = ANY($4)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL
+      FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND ",
+    in_created_months!("email_sha256 IS NOT NULL"),
+    "
        AND hashtextextended(email_sha256, 0) = ANY(ARRAY(SELECT hashtextextended(h, 0) FROM unnest($5::text[]) AS h))
        AND email_sha256 = ANY($5)
     UNION
     SELECT id, left(visitor_id, 16), click_id, contact_id, email_sha256, phone_sha256
-      FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL
+      FROM conversions WHERE workspace_id = $1 AND phone_sha256 IS NOT NULL AND ",
+    in_created_months!("phone_sha256 IS NOT NULL"),
+    "
        AND hashtextextended(phone_sha256, 0) = ANY(ARRAY(SELECT hashtextextended(h, 0) FROM unnest($6::text[]) AS h))
-       AND phone_sha256 = ANY($6)";
+       AND phone_sha256 = ANY($6)"
+);
 
 /// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
 /// (their contact ids), and those matched to their conversions `$5`. Their matches go with them

@@ -97,18 +97,27 @@ mod tests {
     #[test]
     fn migrate_stops_before_the_first_contract_migration_not_applied() {
         let contracts: Vec<i64> = MIGRATIONS.iter().filter(|m| is_contract(m.2)).map(|m| m.0).collect();
-        assert_eq!(contracts, [26, 27], "the drops of the keys on the workspace id");
+        assert_eq!(
+            contracts,
+            [26, 27, 32, 33, 34, 35],
+            "the drops of the keys on the workspace id and of the identifier hashes"
+        );
         let versions = |m: &[(i64, &str, &str)]| m.iter().map(|m| m.0).collect::<Vec<_>>();
 
         let (run, waiting) = selected(Stage::Expand, &[]);
         assert_eq!(versions(&run), (1..=25).collect::<Vec<_>>(), "a new database, expand only");
-        assert_eq!(waiting, [26, 27]);
+        assert_eq!(waiting, (26..=35).collect::<Vec<_>>());
 
         let (run, waiting) = selected(Stage::Contract, &[]);
         assert_eq!(versions(&run).len(), MIGRATIONS.len());
         assert!(waiting.is_empty());
 
         let applied: Vec<i64> = (1..=27).collect();
+        let (run, waiting) = selected(Stage::Expand, &applied);
+        assert_eq!(versions(&run), (1..=31).collect::<Vec<_>>(), "the month-led indexes beside the old ones");
+        assert_eq!(waiting, [32, 33, 34, 35]);
+
+        let applied: Vec<i64> = (1..=35).collect();
         let (run, waiting) = selected(Stage::Expand, &applied);
         assert_eq!(versions(&run).len(), MIGRATIONS.len(), "contracted already: nothing held back");
         assert!(waiting.is_empty());

@@ -175,13 +175,13 @@ impl Preloaded {
             (
                 "conversions",
                 "id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at, visitor_id, click_id, \
-                 contact_id, email_sha256, phone_sha256, country, value, currency",
+                 contact_id, email_sha256, phone_sha256, country, value, currency, created_at",
             ),
             ("visits", "workspace_id, visitor_id, click_id, recipient_id, visited_at, page"),
             (
                 baselines::V1_TABLE,
                 "id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at, visitor_id, click_id, \
-                 contact_id, email_sha256, phone_sha256, country, value, currency",
+                 contact_id, email_sha256, phone_sha256, country, value, currency, created_at",
             ),
         ] {
             let mut copy = conn.copy_in_raw(&format!("COPY {table} ({columns}) FROM STDIN")).await?;
@@ -234,7 +234,7 @@ impl Preloaded {
 /// One COPY line (text format) of `table` for conversion `j` of workspace `i`.
 fn row(out: &mut String, table: &str, ws: &str, i: u64, j: u64, now_s: i64) {
     let chain = if j % 3 == 2 { j - 1 } else { j };
-    // Spread over the last year, oldest first.
+    // Spread over the last year, oldest first: occurred and stored then, as a year of traffic.
     let at = now_s - 365 * 86_400 + i64::try_from((j * 7_919) % (365 * 86_400)).unwrap_or(0);
     let visitor = hex(i * 1_000_003 + j, 1, 16);
     match table {
@@ -252,7 +252,7 @@ fn row(out: &mut String, table: &str, ws: &str, i: u64, j: u64, now_s: i64) {
             let _ = writeln!(
                 out,
                 "cnv_s{i}_{j}\t{ws}\t{event}\text-{j}\t{parent}\tchn_s{i}_{chain}\t{at}\t{visitor}.1700000000\t{click}\t\
-                 {contact}\t{email}\t{phone}\tUS\t129.90\tUSD",
+                 {contact}\t{email}\t{phone}\tUS\t129.90\tUSD\t{at}",
                 at = timestamp(at),
                 email = hex(i * 13 + j, 3, 64),
             );
