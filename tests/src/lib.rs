@@ -9,6 +9,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use serde_json;
@@ -206,13 +208,7 @@ impl Stack {
         let mut stack = Stack {
             base_url: api_url(port),
             ops_url: format!("http://127.0.0.1:{ops_port}"),
-            // Idle connections are dropped before the gateway's keep-alive timeout (5 s) closes
-            // them: reusing one just as the server closes it fails the request (IncompleteMessage).
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .pool_idle_timeout(Duration::from_secs(3))
-                .build()
-                .unwrap_or_default(),
+            http: http_client(),
             log_dir,
             topic_prefix,
             gateway: Command::new("true").spawn().unwrap_or_else(|e| panic!("{e}")),
@@ -645,6 +641,17 @@ impl Stack {
         });
         let _ = deleting.join();
     }
+}
+
+/// The HTTP client of a stack's tests. Idle connections are dropped before the gateway's
+/// keep-alive timeout (5 s) closes them: reusing one just as the server closes it fails the
+/// request (IncompleteMessage).
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_idle_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap_or_default()
 }
 
 #[derive(Clone)]
@@ -1133,77 +1140,53 @@ pub fn purchase(external_id: &str, value: &str) -> Value {
 /// do (tests/src/bin/faults.rs): singles, every other one an earlier pair of the workspace sent
 /// again with a new value (an update), and a 20-item batch every fifth request. Every request
 /// and its outcome is recorded, so that [`check_ledger`] finds a lost write and a stale value.
+///
+/// The tasks run on a thread and runtime of their own, with connections of their own: a test
+/// that blocks its own runtime (a `pg_ctl` call, building a backlog) neither pauses the traffic
+/// nor leaves a response unread while the gateway's keep-alive timeout closes its connection.
 pub struct Traffic {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<Sent>>>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Sent>>,
     /// Per workspace, when its latest successful request was sent.
-    last_ok: std::sync::Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
+    last_ok: Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
     /// Requests answered 2xx so far, all workspaces together.
-    acknowledged: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    acknowledged: Arc<AtomicUsize>,
 }
 
 impl Traffic {
     pub fn start(client: Client, keys: &[TestKey]) -> Traffic {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let last_ok = std::sync::Arc::new(keys.iter().map(|_| std::sync::Mutex::new(None)).collect::<Vec<_>>());
-        let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let tasks = keys
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(workspace, key)| {
-                let (client, stop, last_ok, acknowledged) =
-                    (client.clone(), stop.clone(), last_ok.clone(), acknowledged.clone());
-                tokio::spawn(async move {
-                    let mut sent = Vec::new();
-                    let mut singles: Vec<String> = Vec::new();
-                    let prefix = ulid::Ulid::new().to_string();
-                    let mut n = 0u64;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        n += 1;
-                        let started = Instant::now();
-                        let value = format!("{n}.{:02}", ulid::Ulid::new().random() % 100);
-                        let (external_ids, status) = if n.is_multiple_of(5) {
-                            let ids: Vec<String> = (0..20).map(|i| format!("{prefix}-b{n}-{i}")).collect();
-                            let items: Vec<Value> = ids.iter().map(|id| purchase(id, &value)).collect();
-                            let reply =
-                                client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
-                            let all_ok = reply.body["results"]
-                                .as_array()
-                                .is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
-                            (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
-                        } else {
-                            let earlier = (n.is_multiple_of(2) && !singles.is_empty()).then(|| {
-                                singles[(ulid::Ulid::new().random() % singles.len() as u128) as usize].clone()
-                            });
-                            let id = earlier.unwrap_or_else(|| {
-                                singles.push(format!("{prefix}-s{n}"));
-                                format!("{prefix}-s{n}")
-                            });
-                            let reply = client.post("/v1/conversions", &key, &purchase(&id, &value)).await;
-                            (vec![id], reply.status)
-                        };
-                        if (200..300).contains(&status) {
-                            if let Ok(mut last) = last_ok[workspace].lock() {
-                                *last = Some(started);
-                            }
-                            acknowledged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        sent.push(Sent { workspace, external_ids, value, status, started, took: started.elapsed() });
-                        if !(200..300).contains(&status) {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                    sent
-                })
+        let stop = Arc::new(AtomicBool::new(false));
+        let last_ok = Arc::new(keys.iter().map(|_| std::sync::Mutex::new(None)).collect::<Vec<_>>());
+        let acknowledged = Arc::new(AtomicUsize::new(0));
+        let (keys, shared) = (keys.to_vec(), (stop.clone(), last_ok.clone(), acknowledged.clone()));
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("the traffic's runtime: {e}"));
+            runtime.block_on(async move {
+                let client = Client { http: http_client(), base_url: client.base_url };
+                let tasks: Vec<_> = keys
+                    .into_iter()
+                    .enumerate()
+                    .map(|(workspace, key)| {
+                        let (stop, last_ok, acknowledged) = shared.clone();
+                        tokio::spawn(write_in_a_loop(client.clone(), key, workspace, stop, last_ok, acknowledged))
+                    })
+                    .collect();
+                let mut all = Vec::new();
+                for task in tasks {
+                    all.extend(task.await.unwrap_or_else(|e| panic!("a traffic task failed: {e}")));
+                }
+                all
             })
-            .collect();
-        Traffic { stop, tasks, last_ok, acknowledged }
+        });
+        Traffic { stop, thread, last_ok, acknowledged }
     }
 
     /// Requests answered 2xx so far.
     pub fn acknowledged(&self) -> usize {
-        self.acknowledged.load(std::sync::atomic::Ordering::Relaxed)
+        self.acknowledged.load(Ordering::Relaxed)
     }
 
     /// Waits until every workspace has had a success of a request sent after `fault_at`, for at
@@ -1217,15 +1200,66 @@ impl Traffic {
         }
     }
 
+    /// Stops the traffic and returns every request it sent, in the order they were sent.
     pub async fn stop(self) -> Vec<Sent> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut all = Vec::new();
-        for task in self.tasks {
-            all.extend(task.await.unwrap_or_default());
-        }
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread;
+        let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+        let mut all = match joined {
+            Ok(Ok(all)) => all,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("joining the traffic: {e}"),
+        };
         all.sort_by_key(|s| s.started);
         all
     }
+}
+
+/// One workspace's requests of [`Traffic`], until `stop`.
+async fn write_in_a_loop(
+    client: Client,
+    key: TestKey,
+    workspace: usize,
+    stop: Arc<AtomicBool>,
+    last_ok: Arc<Vec<std::sync::Mutex<Option<Instant>>>>,
+    acknowledged: Arc<AtomicUsize>,
+) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    let mut singles: Vec<String> = Vec::new();
+    let prefix = ulid::Ulid::new().to_string();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let started = Instant::now();
+        let value = format!("{n}.{:02}", ulid::Ulid::new().random() % 100);
+        let (external_ids, status) = if n.is_multiple_of(5) {
+            let ids: Vec<String> = (0..20).map(|i| format!("{prefix}-b{n}-{i}")).collect();
+            let items: Vec<Value> = ids.iter().map(|id| purchase(id, &value)).collect();
+            let reply = client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
+            let all_ok = reply.body["results"].as_array().is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
+            (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
+        } else {
+            let earlier = (n.is_multiple_of(2) && !singles.is_empty())
+                .then(|| singles[(ulid::Ulid::new().random() % singles.len() as u128) as usize].clone());
+            let id = earlier.unwrap_or_else(|| {
+                singles.push(format!("{prefix}-s{n}"));
+                format!("{prefix}-s{n}")
+            });
+            let reply = client.post("/v1/conversions", &key, &purchase(&id, &value)).await;
+            (vec![id], reply.status)
+        };
+        if (200..300).contains(&status) {
+            if let Ok(mut last) = last_ok[workspace].lock() {
+                *last = Some(started);
+            }
+            acknowledged.fetch_add(1, Ordering::Relaxed);
+        }
+        sent.push(Sent { workspace, external_ids, value, status, started, took: started.elapsed() });
+        if !(200..300).contains(&status) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    sent
 }
 
 /// What a fault did to [`Traffic`], measured from the moment of the fault.

@@ -43,46 +43,53 @@ fn large_item(external_id: &str) -> Value {
     })
 }
 
-/// Produces `messages` request messages of 100 large items each straight into `topic`, spread
-/// over `workspaces`, as gateways would have before the writer could apply them; returns the
-/// items per workspace.
-async fn produce_backlog(topic: &str, workspaces: &[TestKey], messages: usize) -> Vec<usize> {
+/// `messages` request messages of 100 large items each, spread over `workspaces`, as gateways
+/// would have produced them before the writer could apply them: (workspace id, payload) each,
+/// and the items per workspace.
+fn backlog(workspaces: &[TestKey], messages: usize) -> (Vec<(String, Vec<u8>)>, Vec<usize>) {
+    let mut items = vec![0; workspaces.len()];
+    let messages = (0..messages)
+        .map(|n| {
+            let workspace = n % workspaces.len();
+            let conversions = (0..100)
+                .map(|i| {
+                    let input = large_item(&format!("backlog-{n}-{i}"));
+                    intake_common::validate::validate_conversion(&(&input).into(), now_ms())
+                        .unwrap_or_else(|e| panic!("invalid backlog item: {e:?}"))
+                        .conversion
+                })
+                .collect::<Vec<_>>();
+            items[workspace] += conversions.len();
+            let request = WriteRequest::V1(WriteRequestV1 {
+                correlation_id: format!("backlog-{}", ulid::Ulid::new()),
+                reply_partition: 0,
+                deadline_ms: now_ms() + 600_000,
+                received_at_ms: now_ms(),
+                workspace_id: workspaces[workspace].workspace_id.clone(),
+                items: conversions,
+                request: None,
+            });
+            (workspaces[workspace].workspace_id.clone(), serde_json::to_vec(&request).unwrap_or_default())
+        })
+        .collect();
+    (messages, items)
+}
+
+/// Produces the [`backlog`]'s messages straight into `topic`.
+async fn produce(topic: &str, messages: &[(String, Vec<u8>)]) {
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
         .set("linger.ms", "5")
         .create()
         .unwrap_or_else(|e| panic!("producer: {e}"));
-    let mut items = vec![0; workspaces.len()];
     let mut deliveries = Vec::new();
-    for n in 0..messages {
-        let workspace = n % workspaces.len();
-        let conversions = (0..100)
-            .map(|i| {
-                let input = large_item(&format!("backlog-{n}-{i}"));
-                intake_common::validate::validate_conversion(&(&input).into(), now_ms())
-                    .unwrap_or_else(|e| panic!("invalid backlog item: {e:?}"))
-                    .conversion
-            })
-            .collect::<Vec<_>>();
-        items[workspace] += conversions.len();
-        let request = WriteRequest::V1(WriteRequestV1 {
-            correlation_id: format!("backlog-{}", ulid::Ulid::new()),
-            reply_partition: 0,
-            deadline_ms: now_ms() + 600_000,
-            received_at_ms: now_ms(),
-            workspace_id: workspaces[workspace].workspace_id.clone(),
-            items: conversions,
-            request: None,
-        });
-        let payload = serde_json::to_vec(&request).unwrap_or_default();
-        let record =
-            rdkafka::producer::FutureRecord::to(topic).key(&workspaces[workspace].workspace_id).payload(&payload);
+    for (workspace_id, payload) in messages {
+        let record = rdkafka::producer::FutureRecord::to(topic).key(workspace_id).payload(payload);
         deliveries.push(producer.send_result(record).unwrap_or_else(|(e, _)| panic!("produce: {e}")));
     }
     for delivery in deliveries {
         assert!(matches!(delivery.await, Ok(Ok(_))), "a backlog message was not delivered");
     }
-    items
 }
 
 #[tokio::test]
@@ -110,13 +117,16 @@ async fn a_database_outage_past_the_poll_interval_keeps_the_writer_in_its_group_
     wait_until("traffic acknowledged", Duration::from_secs(20), || async { traffic.acknowledged() >= 30 }).await;
     let writer = stack.pids().1[0];
     let idle = rss_mib(writer);
+    // 400 messages of 100 items, about 12 times the budget once parsed: a writer that held them
+    // all would grow by some 48 MiB. Built before the outage, which then lasts its full length.
+    let workspaces = backlog_keys.clone();
+    let (messages, backlog) = tokio::task::spawn_blocking(move || backlog(&workspaces, 400))
+        .await
+        .unwrap_or_else(|e| panic!("building the backlog: {e}"));
 
     postgres.stop();
     let outage = Instant::now();
-    // 400 messages of 100 items, about 12 times the budget once parsed: a writer that held them
-    // all would grow by some 48 MiB.
-    let topic = format!("{}.requests", stack.topic_prefix);
-    let backlog = produce_backlog(&topic, &backlog_keys, 400).await;
+    produce(&format!("{}.requests", stack.topic_prefix), &messages).await;
     let (mut peak, mut held_max, mut paused_max) = (idle, 0.0_f64, 0.0_f64);
     while outage.elapsed() < Duration::from_secs(16) {
         peak = peak.max(rss_mib(writer));
