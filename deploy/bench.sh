@@ -60,8 +60,15 @@ ab_build_rev() {
             git -C "$REPO" worktree prune
             git -C "$REPO" worktree add --detach --quiet "$src" "$sha" >&2
         fi
+        # Commits of a time when mold linked the build name it in their cargo configuration.
+        if grep -qs 'fuse-ld=mold' "$src/.cargo/config.toml" && ! command -v mold >/dev/null; then
+            apt_install mold
+        fi
         say "building $short in $src (target $base/target; once per commit)"
-        (cd "$src" && CARGO_TARGET_DIR="$base/target" cargo build --release --workspace --bins --quiet) >&2
+        # Errors stop here by hand: errexit does not reach into the command substitution that
+        # calls this, and the shared target's release directory holds another commit's binaries.
+        (cd "$src" && CARGO_TARGET_DIR="$base/target" cargo build --release --workspace --bins --quiet) >&2 \
+            || { say "building $short failed"; return 1; }
         ab_copy_bins "$base/target/release" "$bin"
     fi
     echo "$bin"
@@ -106,7 +113,7 @@ ab_run() {
     start_infrastructure
     command -v pgbench >/dev/null || { say "installing pgbench"; as_root apt-get install -y -qq postgresql-contrib >/dev/null; }
     command -v wrk >/dev/null || { say "installing wrk"; as_root apt-get install -y -qq wrk >/dev/null || true; }
-    rev_bin="$(ab_build_rev "$sha")"
+    rev_bin="$(ab_build_rev "$sha")" || return 1
     say "building the working tree ($CARGO_TARGET_DIR/release)"
     (cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
     tree_bin="$INTAKE_CACHE/baseline/bin-tree"
