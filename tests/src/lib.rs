@@ -609,9 +609,10 @@ impl Drop for Stack {
         }
         self.delete_topics();
         // A failed test keeps its logs and says where; a passed one leaves nothing, so that run
-        // after run does not fill /tmp (a benchmark's access logs are gigabytes).
-        if std::thread::panicking() {
-            eprintln!("the gateway and writer logs of this test: {}", self.log_dir.display());
+        // after run does not fill /tmp (a benchmark's access logs are gigabytes), unless
+        // INTAKE_KEEP_LOGS asks for them (to place a benchmark's stall in its services' logs).
+        if std::thread::panicking() || std::env::var_os("INTAKE_KEEP_LOGS").is_some() {
+            eprintln!("the gateway and writer logs of this stack: {}", self.log_dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.log_dir);
         }
