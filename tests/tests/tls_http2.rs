@@ -135,6 +135,14 @@ async fn https_speaks_http1_and_http2_by_alpn_and_plain_http_speaks_h2c_with_pri
     let h2c = reqwest::Client::builder().http2_prior_knowledge().build().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(post_conversion(&h2c, &cleartext, &key).await, (201, http::Version::HTTP_2));
     assert_eq!(post_conversion(&cleartext.http, &cleartext, &key).await, (201, http::Version::HTTP_11));
+
+    // The default header list limit, as docs/operations.md and --help state it: 16,384 bytes
+    // served, one more refused with 431 on its stream alone.
+    let mut connection = H2::connect(&cleartext, None).await;
+    for (size, status) in [(16_384, 200), (16_385, 431), (16_384, 200)] {
+        let request = padded_to(connection.request("GET", "/v1/openapi.json", None, None), size);
+        assert_eq!(connection.send(request, None).await.map(|r| r.0).ok(), Some(status), "a {size}-byte header list");
+    }
 }
 
 /// The certificate a new connection is served.
