@@ -1400,14 +1400,19 @@ pub async fn produce_request_with_deadline(
         items: vec![conversion],
         request: None,
     });
-    let payload = serde_json::to_vec(&request).unwrap_or_default();
+    produce_payload(topic, workspace_id, &serde_json::to_vec(&request).unwrap_or_default()).await;
+    correlation_id
+}
+
+/// Produces `payload` as it is into a requests topic, keyed by the workspace as a gateway keys
+/// it: a message in a format frozen in a test.
+pub async fn produce_payload(topic: &str, workspace_id: &str, payload: &[u8]) {
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
         .create()
         .unwrap_or_else(|e| panic!("producer: {e}"));
-    let record = rdkafka::producer::FutureRecord::to(topic).key(workspace_id).payload(&payload);
+    let record = rdkafka::producer::FutureRecord::to(topic).key(workspace_id).payload(payload);
     producer.send(record, Duration::from_secs(10)).await.unwrap_or_else(|(e, _)| panic!("produce: {e}"));
-    correlation_id
 }
 
 /// The headers of every message on a topic (the dead-letter topic), waiting up to `patience`

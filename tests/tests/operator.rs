@@ -1,7 +1,7 @@
 //! The operator commands of docs/operations.md, "Operator commands" that the other tests do not already cover.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, stored_count, Stack};
+use intake_tests::{conversion, database, now_ms, produce_payload, stored_count, stored_fields, Stack, StackOptions};
 
 fn minute_ago() -> String {
     let at = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
@@ -105,6 +105,47 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         stack.run_writer_command(&["replay", "--partition", "0", "--from-offset", &partition_of_first.to_string()]);
     assert!(by_offset.is_ok(), "{by_offset:?}");
     assert!(stack.run_writer_command(&["replay"]).is_err(), "a start is required");
+}
+
+/// A request message as the gateways wrote it before the storage migrations, frozen here as
+/// text: those migrations change keys and indexes, not the messages, so the requests topic
+/// (24 h) and the dead letters (14 days) written before a migration replay into the new shape,
+/// and what they store is found by the new look-ups (deploy/RUNBOOK.md, "Schema migrations").
+#[tokio::test]
+async fn a_request_message_written_before_the_storage_migrations_replays_into_their_shape() {
+    // No writer: the message waits in the topic, as after an outage, until replay applies it.
+    let stack = Stack::start_with(StackOptions { start_writer: false, ..Default::default() }).await;
+    let key = stack.workspace();
+    let ws = key.workspace_id.clone();
+    let external_id = format!("pre-migration-{}", ulid::Ulid::new());
+    let now = now_ms();
+    // The digest of ann@example.com, as the gateway hashed it.
+    let email_sha256 = "71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476";
+    let message = format!(
+        r#"{{"v":"1","correlation_id":"c-{external_id}","reply_partition":0,"deadline_ms":{deadline},"received_at_ms":{now},"workspace_id":"{ws}","items":[{{"event":"lead","external_id":"{external_id}","occurred_at_ms":{occurred},"contact_id":"crm-1","email_sha256":"{email_sha256}","value":"12.5","currency":"EUR"}}]}}"#,
+        deadline = now + 10_000,
+        occurred = now - 3_600_000,
+    );
+    produce_payload(&format!("{}.requests", stack.topic_prefix), &ws, message.as_bytes()).await;
+
+    let replayed =
+        stack.run_writer_command(&["replay", "--from-time", &minute_ago()]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        replayed,
+        json!({"messages": 1, "applied": 1, "already_applied": 0, "failed": 0, "expired": 0, "request_failed": 0})
+    );
+    let db = database().await;
+    let stored =
+        stored_fields(&db, &ws, "lead", &external_id, &["email_sha256", "contact_id", "value", "currency"]).await;
+    assert_eq!(stored, Some([email_sha256, "crm-1", "12.5", "EUR"].map(|v| Some(v.to_owned())).to_vec()));
+
+    // Erasure finds it through the month-led index on the email's digest.
+    let erased = stack
+        .run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], "ann@example.com\n")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(erased, json!({"conversions": 1, "visits": 0}));
+    let after = stored_fields(&db, &ws, "lead", &external_id, &["email_sha256"]).await;
+    assert_eq!(after, Some(vec![None]), "the digest erased");
 }
 
 #[tokio::test]
