@@ -243,17 +243,17 @@ pub fn render(run: &Run) -> (Value, String) {
     ];
     let mut targets = targets.to_vec();
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let single_p99 = |scenario: String, limit: f64| Target {
+        name: leak(format!("{scenario} p99")),
+        measured: round2(quantile(&scenario, 0.99)),
+        limit,
+        at_least: false,
+        unit: " ms",
+        scenario: leak(scenario),
+    };
     // The single sends' tail at every size, as on empty tables.
     for size in &run.sized {
-        let label = size["label"].as_str().unwrap_or("");
-        targets.push(Target {
-            name: leak(format!("single_200rps_{label} p99")),
-            measured: round2(quantile(&format!("single_200rps_{label}"), 0.99)),
-            limit: 20.0,
-            at_least: false,
-            unit: " ms",
-            scenario: leak(format!("single_200rps_{label}")),
-        });
+        targets.push(single_p99(format!("single_200rps_{}", size["label"].as_str().unwrap_or("")), 20.0));
     }
     // At the largest size: the targets of the runs at size.
     if let Some(largest) = run.sized.last() {
@@ -307,14 +307,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 unit: "",
                 scenario: leak(format!("batch_ingest_{label}_capped")),
             });
-            targets.push(Target {
-                name: leak(format!("single_200rps_{label}_capped p99")),
-                measured: round2(quantile(&format!("single_200rps_{label}_capped"), 0.99)),
-                limit: 25.0,
-                at_least: false,
-                unit: " ms",
-                scenario: leak(format!("single_200rps_{label}_capped")),
-            });
+            targets.push(single_p99(format!("single_200rps_{label}_capped"), 25.0));
         }
     }
     // A run of some of the scenarios (INTAKE_BENCH_SCENARIOS) has the targets of those alone.
