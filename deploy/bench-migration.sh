@@ -5,9 +5,10 @@
 # after the load, vacuumed and frozen), then `intake-writer migrate` while single upserts arrive
 # at 200 a second. Prints, per migration: its time (as sqlx recorded it), the upserts' p99 and
 # longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
-# after.
+# after. The upserts are the previous version's (digests as hex text) during `migrate`, this
+# version's (digests as bytes) during `migrate --contract`, as in a rollout.
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0028 to 0035: `migrate`,
+#   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0043: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
 #   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
@@ -25,7 +26,7 @@ source "$(dirname "$0")/lib.sh"
 
 rows="${INTAKE_MIGRATION_ROWS:-10000000}"
 db=intake_bench_migration
-first=28 # the first migration under test; the schema before it is the previous version's
+first=36 # the first migration under test; the schema before it is the previous version's
 ha="${INTAKE_MIGRATION_HA:-0}"
 ha_dir="$INTAKE_HOME/bench-migration-ha"
 # Each node holds the table, its indexes and the load's WAL: about 1.5 kB a row (a 10 M load
@@ -62,20 +63,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The schema of the version before: every migration applied, then those under test undone.
-"$writer" migrate --contract >/dev/null
-sql -c "DROP INDEX conversions_by_month_email_hash, conversions_by_month_phone_hash,
-                   conversions_by_month_visitor_hash, conversions_by_month_contact_hash" \
-    -c "CREATE INDEX conversions_by_email_hash ON conversions (hashtextextended(email_sha256, 0))
-        WHERE email_sha256 IS NOT NULL" \
-    -c "CREATE INDEX conversions_by_phone_hash ON conversions (hashtextextended(phone_sha256, 0))
-        WHERE phone_sha256 IS NOT NULL" \
-    -c "CREATE INDEX conversions_by_visitor_hash ON conversions (hashtextextended(left(visitor_id, 16), 0))
-        WHERE visitor_id IS NOT NULL" \
-    -c "CREATE INDEX conversions_by_contact_hash
-        ON conversions (hashtextextended(contact_id, hashtextextended(workspace_id, 0)))
-        WHERE contact_id IS NOT NULL" \
-    -c "DELETE FROM _sqlx_migrations WHERE version >= $first"
+# The schema of the version before: every migration before those under test, contracted.
+"$writer" migrate --contract --through $((first - 1)) >/dev/null
 
 say "loading $rows conversions"
 started="$(date +%s)"
@@ -111,23 +100,30 @@ sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (ANALYZE) chains" -c "C
 loaded_s=$(($(date +%s) - started))
 index_bytes() { sql -c "SELECT indexrelid::regclass || ' ' || round(pg_relation_size(indexrelid)::numeric / $rows, 1)
                         FROM pg_index WHERE indrelid = 'conversions'::regclass ORDER BY 1"; }
+heap_bytes() { sql -c "SELECT round(pg_relation_size('conversions')::numeric / $rows, 1)"; }
 before="$(index_bytes)"
+heap_before="$(heap_bytes)"
 
-# A new single conversion in its own new chain, as single_200rps sends them.
-cat >"$work/insert.sql" <<SQL
+# A new single conversion in its own new chain, as single_200rps sends them, its email digest
+# in COLUMN as VALUE: the previous version's statement (hex text), then this version's (bytes).
+insert_script() { # COLUMN VALUE
+    cat <<SQL
 \set g random(1, 1000000000)
 BEGIN;
 INSERT INTO chains (id, workspace_id)
 VALUES ('chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'))
 ON CONFLICT DO NOTHING;
 INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
-    email_sha256, value, currency)
+    $1, value, currency)
 VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
     'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, now(),
-    'v' || md5(:g::text), encode(sha256(('n' || :g)::bytea), 'hex'), 1, 'EUR')
+    'v' || md5(:g::text), $2, 1, 'EUR')
 ON CONFLICT DO NOTHING;
 END;
 SQL
+}
+insert_script email_sha256 "encode(sha256(('n' || :g)::bytea), 'hex')" >"$work/insert.sql"
+insert_script email_digest "sha256(('n' || :g)::bytea)" >"$work/insert-next.sql"
 # Latencies in ms (p99, longest) of the pgbench transactions that ended between FROM and TO.
 latencies() {
     cat "$work"/tx* | awk -v from="$1" -v to="$2" '{ t = $5 + $6 / 1e6 } t >= from && t <= to { print $3 }' \
@@ -136,9 +132,13 @@ latencies() {
 }
 
 say "migrating while single upserts arrive at 200/s"
-"$pgbench_bin" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n -c 2 -j 1 -R 200 -T 100000 \
-    --log --log-prefix="$work/tx" -f "$work/insert.sql" "$db" >"$work/pgbench.txt" 2>&1 &
-bench=$! # stopped below, once the migrations are done: its log up to then is written
+upserts() { # SCRIPT LOG-PREFIX: upserts at 200/s in the background, until killed
+    "$pgbench_bin" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n -c 2 -j 1 -R 200 -T 100000 \
+        --log --log-prefix="$work/$2" -f "$work/$1" "$db" >>"$work/pgbench.txt" 2>&1 &
+    bench=$! # stopped once its part is done: its log up to then is written
+}
+stop_upserts() { kill "$bench" 2>/dev/null || true; wait "$bench" 2>/dev/null || true; }
+upserts insert.sql tx
 sleep 5 # the upserts under way first
 lsn0="$(sql -c "SELECT pg_current_wal_lsn()")"
 # The standbys' distance behind the primary while the migrations run: bytes of WAL not yet
@@ -156,14 +156,17 @@ if [ "$ha" = 1 ]; then sample_lag & sampler=$!; fi
 migrate_started="$(date +%s.%N)"
 "$writer" migrate >/dev/null
 expanded="$(date +%s.%N)"
+# The rollout: this version's writers replace the previous version's.
+stop_upserts
+upserts insert-next.sql txnext
 "$writer" migrate --contract >/dev/null
 migrate_ended="$(date +%s.%N)"
 lsn1="$(sql -c "SELECT pg_current_wal_lsn()")"
 if [ "$ha" = 1 ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; fi
 sleep 2
-kill "$bench" 2>/dev/null || true
-wait "$bench" 2>/dev/null || true
+stop_upserts
 after="$(index_bytes)"
+heap_after="$(heap_bytes)"
 read -r p99 longest <<<"$(latencies "$migrate_started" "$migrate_ended")"
 read -r before_p99 _ <<<"$(latencies 0 "$migrate_started")"
 
@@ -202,6 +205,8 @@ for (name, state), samples in sorted(rows.items()):
 EOF
         echo
     fi
+    echo "Heap bytes per conversion: $heap_before before, $heap_after after (the backfill's new row versions, and the dropped columns' bytes, which stay in each row until it is next written)."
+    echo
     echo "Index bytes per conversion, before:"
     echo
     echo '```'

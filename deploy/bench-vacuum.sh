@@ -50,14 +50,14 @@ load() {
     sql -c "DROP TABLE IF EXISTS $table" \
         -c "CREATE TABLE $table (LIKE conversions INCLUDING ALL) WITH (fillfactor = $ff, autovacuum_enabled = false)" \
         -c "INSERT INTO $table (id, workspace_id, event, external_id, parent_external_id, chain_id,
-                occurred_at, visitor_id, click_id, contact_id, email_sha256, phone_sha256,
-                address_sha256, country, value, currency, tags)
+                occurred_at, visitor_id, click_id, contact_id, email_digest, phone_digest,
+                address_digest, country, value, currency, tags)
             SELECT 'cnv_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0'),
                 CASE WHEN g % 3 = 0 THEN 'purchase' ELSE 'lead' END, 'ext-' || g,
                 CASE WHEN g % 3 = 0 THEN 'ext-' || (g - 1) END, 'chn_' || lpad(to_hex(g / 3), 26, '0'),
                 now() - make_interval(secs => $rows - g), 'v' || md5(g::text), 'c' || g, 'ct' || g,
-                encode(sha256(('e' || g)::bytea), 'hex'), encode(sha256(('p' || g)::bytea), 'hex'),
-                encode(sha256(('a' || g)::bytea), 'hex'), 'DE', g % 1000, 'EUR', '[\"crm\"]'
+                sha256(('e' || g)::bytea), sha256(('p' || g)::bytea), sha256(('a' || g)::bytea),
+                'DE', g % 1000, 'EUR', '[\"crm\"]'
             FROM generate_series(1, $rows) g" \
         -c "VACUUM (FREEZE, ANALYZE) $table" -c "CHECKPOINT"
 }
@@ -69,7 +69,7 @@ load() {
 cat >"$work/update.sql" <<SQL
 \set g random(1, $rows)
 UPDATE :table SET value = value + 1, tags = tags, chain_id = chain_id, visitor_id = visitor_id,
-    contact_id = contact_id, email_sha256 = email_sha256, phone_sha256 = phone_sha256,
+    contact_id = contact_id, email_digest = email_digest, phone_digest = phone_digest,
     parent_external_id = parent_external_id, updated_at = now()
 WHERE workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
     AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END;
@@ -78,10 +78,10 @@ SQL
 cat >"$work/insert.sql" <<SQL
 \set g random(1, 1000000000)
 INSERT INTO :table (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
-    email_sha256, value, currency)
+    email_digest, value, currency)
 VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
     'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0'), now(),
-    'v' || md5(:g::text), encode(sha256(('n' || :g)::bytea), 'hex'), 1, 'EUR')
+    'v' || md5(:g::text), sha256(('n' || :g)::bytea), 1, 'EUR')
 ON CONFLICT DO NOTHING;
 SQL
 

@@ -126,23 +126,27 @@ macro_rules! in_workspace {
 /// changes (every column a conversion carries, and `updated_at`). The writer's insert and the
 /// benchmark's PostgreSQL baseline (`pg_upsert`) both end with it, so that the baseline measures
 /// the statement the writer runs. The key is the unique index on the workspace id's hash
-/// (migration 0024); a literal argument names another (the old shape's, for `pg_upsert_v1`). A
-/// macro rather than a const: `concat!` takes literals only, and both statements are whole at
-/// compile time.
+/// (migration 0024), the digests their bytes (0036). `old_shape KEY` gives the statement of the
+/// shape before those: the digests as hex text, on the key KEY (`pg_upsert_v1`, and the previous
+/// version's insert in the rollout's test). A macro rather than a const: `concat!` takes literals
+/// only, and both statements are whole at compile time.
 #[macro_export]
 macro_rules! conversions_on_conflict {
     () => {
-        $crate::conversions_on_conflict!("((hashtextextended(workspace_id, 0)), event, external_id)")
+        $crate::conversions_on_conflict!(@ "((hashtextextended(workspace_id, 0)), event, external_id)", "digest")
     };
-    ($key:literal) => {
+    (old_shape $key:expr) => {
+        $crate::conversions_on_conflict!(@ $key, "sha256")
+    };
+    (@ $key:expr, $digest:literal) => {
         concat!(
             "ON CONFLICT ",
             $key,
             " DO UPDATE SET
                 chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
                 occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
-                contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
-                phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
+                contact_id = excluded.contact_id, email_", $digest, " = excluded.email_", $digest, ",
+                phone_", $digest, " = excluded.phone_", $digest, ", address_", $digest, " = excluded.address_", $digest, ",
                 country = excluded.country, value = excluded.value, currency = excluded.currency,
                 hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now()"
         )

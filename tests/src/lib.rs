@@ -801,7 +801,14 @@ pub async fn stored_fields(
     external_id: &str,
     columns: &[&str],
 ) -> Option<Vec<Option<String>>> {
-    let list: Vec<String> = columns.iter().map(|column| format!("({column})::text")).collect();
+    let list: Vec<String> = columns
+        .iter()
+        .map(|column| match column.strip_suffix("_sha256") {
+            // A digest is stored as its bytes (migration 0036): read as the hex that senders send.
+            Some(kind @ ("email" | "phone" | "address")) => format!("encode({kind}_digest, 'hex')"),
+            _ => format!("({column})::text"),
+        })
+        .collect();
     let sql = format!(
         "SELECT ARRAY[{}] FROM conversions WHERE {} AND event = $2 AND external_id = $3",
         list.join(", "),

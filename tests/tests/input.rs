@@ -141,11 +141,12 @@ async fn unusable_identifiers_are_saved_with_warnings() {
         reply.body["conversion"]["warnings"],
         json!(["email_invalid", "phone_unparseable", "address_unparseable"])
     );
-    let hash: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE workspace_id = $1")
-        .bind(&key.workspace_id)
-        .fetch_one(&database().await)
-        .await
-        .unwrap_or_default();
+    let hash: Option<String> =
+        sqlx::query_scalar("SELECT encode(email_digest, 'hex') FROM conversions WHERE workspace_id = $1")
+            .bind(&key.workspace_id)
+            .fetch_one(&database().await)
+            .await
+            .unwrap_or_default();
     assert_eq!(hash.as_deref(), Some("71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476"));
 }
 

@@ -174,7 +174,7 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
     assert_eq!(erased, json!({"conversions": 1, "visits": 2}));
     let db = database().await;
     let row: Vec<Option<String>> =
-        sqlx::query_scalar("SELECT ARRAY[visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256, hdyhau] FROM conversions WHERE id = $1")
+        sqlx::query_scalar("SELECT ARRAY[visitor_id, click_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex'), encode(address_digest, 'hex'), hdyhau] FROM conversions WHERE id = $1")
             .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
             .fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(row, vec![None; 7], "visitor, click and contact ids, the three hashes and hdyhau are cleared");
@@ -197,11 +197,12 @@ async fn erasure_clears_identifiers_deletes_visits_keeps_counts_and_is_idempoten
 
     let resent = stack.post("/v1/conversions", &key, &input).await;
     assert_eq!(resent.body["conversion"]["result"], "updated", "a later send stores the data again");
-    let email_hash: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE id = $1")
-        .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
-        .fetch_one(&db)
-        .await
-        .unwrap_or_default();
+    let email_hash: Option<String> =
+        sqlx::query_scalar("SELECT encode(email_digest, 'hex') FROM conversions WHERE id = $1")
+            .bind(created.body["conversion"]["id"].as_str().unwrap_or_default())
+            .fetch_one(&db)
+            .await
+            .unwrap_or_default();
     assert!(email_hash.is_some());
 }
 
@@ -287,7 +288,7 @@ async fn erasure_reaches_the_persons_conversions_one_step_out_and_no_further() {
         let id = id.as_str().unwrap_or_default().to_owned();
         async move {
             let row: Vec<Option<String>> = sqlx::query_scalar(
-                "SELECT ARRAY[visitor_id, contact_id, email_sha256, phone_sha256] FROM conversions WHERE id = $1",
+                "SELECT ARRAY[visitor_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex')] FROM conversions WHERE id = $1",
             )
             .bind(id)
             .fetch_one(&database().await)

@@ -1,8 +1,9 @@
-//! A schema change rolled out while writes go on (deploy/RUNBOOK.md, "Schema migrations"):
-//! `intake-writer migrate` adds the keys on the workspace id's hash and keeps those on the id,
-//! so that the previous version's writers and this one's both write, each through its own key,
-//! to the same rows; `migrate --contract` then drops the old keys, after which only this
-//! version's statements run.
+//! Schema changes rolled out while writes go on (deploy/RUNBOOK.md, "Schema migrations"):
+//! `intake-writer migrate` adds what the new version uses beside what the previous one uses, so
+//! that both versions' writers write to the same rows; `migrate --contract` then drops the old,
+//! after which only the new version's statements run. Two rollouts: the keys on the workspace
+//! id's hash (0024 to 0027), and the digests as bytes (0036 to 0043), the second on a populated
+//! table while the previous version writes.
 
 #[allow(dead_code)]
 #[path = "../../writer/src/lookups.rs"]
@@ -12,18 +13,25 @@ use intake_tests::serde_json::{json, Value};
 use intake_tests::OwnDatabase;
 use sqlx::PgPool;
 
-/// The previous version's insert: its ON CONFLICT names the unique key on the workspace id.
+/// The insert of the version before 0024: its ON CONFLICT names the unique key on the workspace id.
 const PREVIOUS_INSERT: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at, value)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', $3, now(), $4::numeric) ",
-    intake_common::conversions_on_conflict!("(workspace_id, event, external_id)")
+    intake_common::conversions_on_conflict!(old_shape "(workspace_id, event, external_id)")
 );
 
-/// This version's, on the key of migration 0024.
+/// The key of migration 0024.
+macro_rules! hash_key {
+    () => {
+        "((hashtextextended(workspace_id, 0)), event, external_id)"
+    };
+}
+
+/// The insert of the versions from 0024 to 0035, on 0024's key.
 const INSERT: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at, value)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', $3, now(), $4::numeric) ",
-    intake_common::conversions_on_conflict!()
+    intake_common::conversions_on_conflict!(old_shape hash_key!())
 );
 
 async fn insert(db: &PgPool, statement: &str, id: &str, external_id: &str, parent: Option<&str>, value: &str) {
@@ -43,12 +51,15 @@ async fn try_insert(
     sqlx::query(statement).bind(id).bind(external_id).bind(parent).bind(value).execute(db).await.map(|_| ())
 }
 
-/// (external id, parent, value) of the workspace's rows, as this version's look-up of a
-/// chunk's related rows finds them: by the external ids `ids` and as children of `parents`.
+/// (external id, parent, value) of the workspace's rows, as the look-up of a chunk's related
+/// rows finds them since 0024 (through the keys on the workspace id's hash): by the external ids
+/// `ids` and as children of `parents`.
 async fn related(db: &PgPool, ids: &[&str], parents: &[&str]) -> Vec<(String, Option<String>, String)> {
-    let rows: Vec<(String, Option<String>, String)> = sqlx::query_as(&format!(
-        "SELECT external_id, parent_external_id, value FROM ({}) AS related ORDER BY external_id",
-        lookups::RELATED_CONVERSIONS
+    let rows: Vec<(String, Option<String>, String)> = sqlx::query_as(concat!(
+        "SELECT external_id, parent_external_id, value::text FROM conversions WHERE ",
+        intake_common::in_workspace!(),
+        " AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))
+         ORDER BY external_id"
     ))
     .bind("ws_rollout")
     .bind(ids)
@@ -73,7 +84,7 @@ async fn indexes(db: &PgPool) -> Vec<String> {
 #[tokio::test]
 async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_after_it() {
     let own = OwnDatabase::empty("rollout").await;
-    let expanded = own.migrate(&[]);
+    let expanded = own.migrate(&["--through", "35"]);
     // A new database stops at the first contract; every migration after it waits with it.
     assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 28, 29, 30, 31, 32, 33, 34, 35]), "{expanded}");
     let db = own.pool().await;
@@ -101,7 +112,7 @@ async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_
     assert_eq!(related(&db, &["A1"], &["A1"]).await, [row("A1", None, "2"), row("A2", Some("A1"), "4")]);
 
     // The contract: the keys on the workspace id go, and so does the previous version's insert.
-    let contracted = own.migrate(&["--contract"]);
+    let contracted = own.migrate(&["--contract", "--through", "35"]);
     assert_eq!(contracted["waiting_for_contract"], json!([]), "{contracted}");
     let after = indexes(&db).await;
     for index in [
@@ -131,8 +142,183 @@ async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_
     assert_eq!(count, 3, "one row a key through both versions");
 
     // Migrating again changes nothing.
-    let again: Value = own.migrate(&[]);
+    let again: Value = own.migrate(&["--through", "35"]);
     assert_eq!(again["waiting_for_contract"], json!([]), "{again}");
     assert_eq!(indexes(&db).await, after);
     db.close().await;
+}
+
+/// The previous version's insert with an email digest, as hex text.
+const PREVIOUS_INSERT_WITH_EMAIL: &str = concat!(
+    "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_sha256)
+     VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', now(), $3) ",
+    intake_common::conversions_on_conflict!(old_shape hash_key!())
+);
+
+/// This version's: the digest as its bytes (migration 0036).
+const INSERT_WITH_EMAIL: &str = concat!(
+    "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_digest)
+     VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', now(), decode($3, 'hex')) ",
+    intake_common::conversions_on_conflict!()
+);
+
+const STORED: i64 = 30_000;
+
+fn email_hash(n: u64) -> String {
+    let email = format!("person-{n}@example.com");
+    intake_common::normalize::email_hash(&email).map(|h| h.as_str().to_owned()).unwrap_or_default()
+}
+
+async fn scalar(db: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// The ids of the rows that this version's erasure finds by the email digest `hash`.
+async fn by_email(db: &PgPool, hash: &str) -> Vec<String> {
+    sqlx::query_scalar(&format!("SELECT id FROM ({}) AS person ORDER BY id", lookups::PERSON_BY_EMAIL))
+        .bind("ws_rollout")
+        .bind(hash)
+        .fetch_all(db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_version_writes() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let own = OwnDatabase::empty("digests").await;
+    own.migrate(&["--contract", "--through", "35"]);
+    let db = own.pool().await;
+    for statement in [
+        "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
+        "INSERT INTO chains (id, workspace_id) VALUES ('chn_rollout', 'ws_rollout')",
+        "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at,
+                                  email_sha256, phone_sha256, address_sha256)
+         SELECT 'cnv_' || lpad(g::text, 6, '0'), 'ws_rollout', 'lead', 'old-' || g, 'chn_rollout', now(),
+                encode(sha256(convert_to('e' || g, 'UTF8')), 'hex'),
+                CASE WHEN g % 2 = 0 THEN encode(sha256(convert_to('p' || g, 'UTF8')), 'hex') END,
+                CASE WHEN g % 3 = 0 THEN encode(sha256(convert_to('a' || g, 'UTF8')), 'hex') END
+           FROM generate_series(1, 30000) AS g",
+    ] {
+        sqlx::query(statement).execute(&db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+
+    // The previous version writes throughout the migration: every other write a re-send of a
+    // stored conversion with another email, the rest new conversions.
+    let done = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writes = tokio::spawn({
+        let (db, done, written) = (db.clone(), done.clone(), written.clone());
+        async move {
+            let mut slowest = Duration::ZERO;
+            while !done.load(Ordering::Relaxed) {
+                let n = written.load(Ordering::Relaxed) + 1;
+                let external_id = match n % 2 {
+                    0 => format!("old-{}", n % 30_000 + 1),
+                    _ => format!("new-{n}"),
+                };
+                let started = Instant::now();
+                sqlx::query(PREVIOUS_INSERT_WITH_EMAIL)
+                    .bind(format!("cnv_w{n}"))
+                    .bind(&external_id)
+                    .bind(email_hash(n))
+                    .execute(&db)
+                    .await
+                    .unwrap_or_else(|e| panic!("the previous version's write of {external_id}: {e}"));
+                slowest = slowest.max(started.elapsed());
+                written.store(n, Ordering::Relaxed);
+            }
+            slowest
+        }
+    });
+    while written.load(Ordering::Relaxed) < 20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let at_start = written.load(Ordering::Relaxed);
+    let expanded = own.migrate(&[]);
+    let during = written.load(Ordering::Relaxed) - at_start;
+    done.store(true, Ordering::Relaxed);
+    let slowest = writes.await.unwrap_or_else(|e| panic!("{e}"));
+    let written = written.load(Ordering::Relaxed);
+    assert_eq!(expanded["waiting_for_contract"], json!([41, 42, 43]), "{expanded}");
+    assert!(during > 0, "the previous version wrote during the migration");
+    assert!(slowest < Duration::from_secs(5), "a write waited {slowest:?} during the migration");
+
+    // Every row has its digests as bytes beside the hex, the rows written during it included.
+    let new_rows = i64::try_from(written.div_ceil(2)).unwrap_or_default();
+    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions").await, STORED + new_rows);
+    let out_of_step = "SELECT count(*) FROM conversions
+        WHERE email_digest IS DISTINCT FROM decode(email_sha256, 'hex')
+           OR phone_digest IS DISTINCT FROM decode(phone_sha256, 'hex')
+           OR address_digest IS DISTINCT FROM decode(address_sha256, 'hex')";
+    assert_eq!(scalar(&db, out_of_step).await, 0, "digests out of step with their hex");
+    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions WHERE email_digest IS NULL").await, 0);
+    // Re-sends without a phone or an address cleared theirs: at most one stored row a write.
+    let resent = i64::try_from(written / 2).unwrap_or_default();
+    for (column, stored) in [("phone_digest", STORED / 2), ("address_digest", STORED / 3)] {
+        let filled = scalar(&db, &format!("SELECT count(*) FROM conversions WHERE {column} IS NOT NULL")).await;
+        assert!((stored - resent..=stored).contains(&filled), "{filled} rows with a {column}");
+    }
+    let last_sent: String =
+        sqlx::query_scalar("SELECT encode(email_digest, 'hex') FROM conversions WHERE external_id = 'old-3'")
+            .fetch_one(&db)
+            .await
+            .unwrap_or_default();
+    assert_eq!(by_email(&db, &last_sent).await.len(), 1, "found through the digest's index");
+
+    // During the rollout each version sees the other's writes and erasures.
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_x1", "this-1", &email_hash(1_000_001)).await;
+    let hex: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE external_id = 'this-1'")
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
+    assert_eq!(hex, Some(email_hash(1_000_001)), "the previous version reads this one's digest as hex");
+    sqlx::query("UPDATE conversions SET email_sha256 = NULL WHERE external_id = 'old-4'")
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("UPDATE conversions SET email_digest = NULL WHERE external_id = 'old-5'")
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let erased = "SELECT count(*) FROM conversions
+        WHERE external_id IN ('old-4', 'old-5') AND email_sha256 IS NULL AND email_digest IS NULL";
+    assert_eq!(scalar(&db, erased).await, 2, "an erasure by either version clears both");
+
+    // The contract: the hex columns go, and the previous version's insert with them.
+    let contracted = own.migrate(&["--contract"]);
+    assert_eq!(contracted["waiting_for_contract"], json!([]), "{contracted}");
+    let hex_columns = "SELECT count(*) FROM information_schema.columns
+        WHERE table_name = 'conversions' AND column_name LIKE '%sha256'";
+    assert_eq!(scalar(&db, hex_columns).await, 0);
+    let indexes = indexes(&db).await;
+    for index in ["conversions_by_month_email_hash", "conversions_by_month_phone_hash"] {
+        assert!(!indexes.contains(&index.to_owned()), "{index} after the contract: {indexes:?}");
+    }
+    let refused = sqlx::query(PREVIOUS_INSERT_WITH_EMAIL)
+        .bind("cnv_x2")
+        .bind("previous-2")
+        .bind(email_hash(2))
+        .execute(&db)
+        .await;
+    let code = refused.as_ref().err().and_then(|e| e.as_database_error()).and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("42703"), "no column email_sha256: {refused:?}");
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_x3", "this-3", &email_hash(1_000_003)).await;
+    assert_eq!(by_email(&db, &last_sent).await.len(), 1);
+    assert_eq!(by_email(&db, &email_hash(1_000_003)).await, ["cnv_x3"]);
+    assert_eq!(by_email(&db, &email_hash(1_000_001)).await, ["cnv_x1"]);
+    db.close().await;
+}
+
+async fn insert_with_email(db: &PgPool, statement: &str, id: &str, external_id: &str, hash: &str) {
+    sqlx::query(statement)
+        .bind(id)
+        .bind(external_id)
+        .bind(hash)
+        .execute(db)
+        .await
+        .unwrap_or_else(|e| panic!("{external_id}: {e}"));
 }

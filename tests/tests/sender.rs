@@ -173,7 +173,7 @@ async fn a_backfill_of_100000_csv_rows_stores_the_valid_ones_and_rejects_the_oth
     assert!(stored == expected, "the stored rows are not the valid rows");
     let (email, address, tags, value, parent): (Option<String>, Option<String>, Value, String, Option<String>) =
         sqlx::query_as(
-            "SELECT email_sha256, address_sha256, tags, value::text, parent_external_id FROM conversions
+            "SELECT encode(email_digest, 'hex'), encode(address_digest, 'hex'), tags, value::text, parent_external_id FROM conversions
          WHERE workspace_id = $1 AND external_id = 'R000010'",
         )
         .bind(&key.workspace_id)

@@ -38,7 +38,8 @@ async fn every_vector_is_what_the_gateway_stores() {
     assert_eq!(reply.body["summary"]["failed"], 0, "every vector is a valid input: {reply:?}");
 
     let rows: Vec<(String, Vec<Option<String>>)> = sqlx::query_as(
-        "SELECT external_id, ARRAY[email_sha256, phone_sha256, address_sha256] FROM conversions WHERE workspace_id = $1",
+        "SELECT external_id, ARRAY[encode(email_digest, 'hex'), encode(phone_digest, 'hex'), encode(address_digest, 'hex')]
+           FROM conversions WHERE workspace_id = $1",
     )
     .bind(&key.workspace_id)
     .fetch_all(&database().await)

@@ -57,6 +57,10 @@ enum Command {
         /// database.
         #[arg(long)]
         contract: bool,
+        /// Applies none past this version: a rollout staged one migration at a time, or a
+        /// database brought to an earlier version's schema.
+        #[arg(long, value_name = "VERSION")]
+        through: Option<i64>,
     },
     /// Consumes write requests and applies them until SIGTERM or SIGINT.
     Run {
@@ -314,10 +318,10 @@ async fn main() {
 
 async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
-        Command::Migrate { database, contract } => {
+        Command::Migrate { database, contract, through } => {
             let pool = store::connect(&database.url, 1).await?;
             let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
-            let waiting = migrations::run(&pool, stage).await?;
+            let waiting = migrations::run(&pool, stage, through).await?;
             Ok(json!({ "migrated": true, "waiting_for_contract": waiting }))
         }
         Command::Run {

@@ -34,22 +34,24 @@ fn is_contract(sql: &str) -> bool {
     sql.lines().take_while(|line| line.starts_with("--")).any(|line| line.starts_with(CONTRACT))
 }
 
-/// The migrations that `stage` applies to a database that has `applied`, and the versions
-/// that wait for `--contract`.
-fn selected(stage: Stage, applied: &[i64]) -> (Vec<(i64, &'static str, &'static str)>, Vec<i64>) {
+/// The migrations that `stage` applies to a database that has `applied`, none past `through`,
+/// and the versions that wait for `--contract`.
+fn selected(stage: Stage, applied: &[i64], through: Option<i64>) -> (Vec<(i64, &'static str, &'static str)>, Vec<i64>) {
+    let migrations = &MIGRATIONS[..MIGRATIONS.partition_point(|&(version, _, _)| through.is_none_or(|t| version <= t))];
     let gate = match stage {
         Stage::Contract => None,
         Stage::Expand => {
-            MIGRATIONS.iter().position(|&(version, _, sql)| is_contract(sql) && !applied.contains(&version))
+            migrations.iter().position(|&(version, _, sql)| is_contract(sql) && !applied.contains(&version))
         }
     };
-    let (run, held) = MIGRATIONS.split_at(gate.unwrap_or(MIGRATIONS.len()));
+    let (run, held) = migrations.split_at(gate.unwrap_or(migrations.len()));
     let waiting = held.iter().map(|&(version, _, _)| version).filter(|v| !applied.contains(v)).collect();
     (run.to_vec(), waiting)
 }
 
-/// Applies `stage`'s migrations; returns the versions that wait for `--contract`.
-pub async fn run(pool: &PgPool, stage: Stage) -> anyhow::Result<Vec<i64>> {
+/// Applies `stage`'s migrations, none past `through`; returns the versions that wait for
+/// `--contract`.
+pub async fn run(pool: &PgPool, stage: Stage, through: Option<i64>) -> anyhow::Result<Vec<i64>> {
     let migrated: bool =
         sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
     let applied: Vec<i64> = if stage == Stage::Expand && migrated {
@@ -57,7 +59,7 @@ pub async fn run(pool: &PgPool, stage: Stage) -> anyhow::Result<Vec<i64>> {
     } else {
         Vec::new()
     };
-    let (migrations, waiting) = selected(stage, &applied);
+    let (migrations, waiting) = selected(stage, &applied, through);
     migrator_of(&migrations).run(pool).await?;
     Ok(waiting)
 }
@@ -99,27 +101,46 @@ mod tests {
         let contracts: Vec<i64> = MIGRATIONS.iter().filter(|m| is_contract(m.2)).map(|m| m.0).collect();
         assert_eq!(
             contracts,
-            [26, 27, 32, 33, 34, 35],
-            "the drops of the keys on the workspace id and of the identifier hashes"
+            [26, 27, 32, 33, 34, 35, 41, 42, 43],
+            "the drops of the keys on the workspace id, of the identifier hashes and of the hex digests"
         );
         let versions = |m: &[(i64, &str, &str)]| m.iter().map(|m| m.0).collect::<Vec<_>>();
+        let last = MIGRATIONS.len() as i64;
 
-        let (run, waiting) = selected(Stage::Expand, &[]);
+        let (run, waiting) = selected(Stage::Expand, &[], None);
         assert_eq!(versions(&run), (1..=25).collect::<Vec<_>>(), "a new database, expand only");
-        assert_eq!(waiting, (26..=35).collect::<Vec<_>>());
+        assert_eq!(waiting, (26..=last).collect::<Vec<_>>());
 
-        let (run, waiting) = selected(Stage::Contract, &[]);
+        let (run, waiting) = selected(Stage::Contract, &[], None);
         assert_eq!(versions(&run).len(), MIGRATIONS.len());
         assert!(waiting.is_empty());
 
         let applied: Vec<i64> = (1..=27).collect();
-        let (run, waiting) = selected(Stage::Expand, &applied);
+        let (run, waiting) = selected(Stage::Expand, &applied, None);
         assert_eq!(versions(&run), (1..=31).collect::<Vec<_>>(), "the month-led indexes beside the old ones");
-        assert_eq!(waiting, [32, 33, 34, 35]);
+        assert_eq!(waiting, (32..=last).collect::<Vec<_>>());
 
         let applied: Vec<i64> = (1..=35).collect();
-        let (run, waiting) = selected(Stage::Expand, &applied);
+        let (run, waiting) = selected(Stage::Expand, &applied, None);
+        assert_eq!(versions(&run), (1..=40).collect::<Vec<_>>(), "the digests' bytes beside their hex");
+        assert_eq!(waiting, [41, 42, 43]);
+
+        let applied: Vec<i64> = (1..=last).collect();
+        let (run, waiting) = selected(Stage::Expand, &applied, None);
         assert_eq!(versions(&run).len(), MIGRATIONS.len(), "contracted already: nothing held back");
+        assert!(waiting.is_empty());
+    }
+
+    #[test]
+    fn through_brings_a_database_to_an_earlier_version() {
+        let versions = |m: &[(i64, &str, &str)]| m.iter().map(|m| m.0).collect::<Vec<_>>();
+        let (run, waiting) = selected(Stage::Contract, &[], Some(35));
+        assert_eq!(versions(&run), (1..=35).collect::<Vec<_>>());
+        assert!(waiting.is_empty(), "nothing past 35 is reported as waiting: {waiting:?}");
+
+        let applied: Vec<i64> = (1..=35).collect();
+        let (run, waiting) = selected(Stage::Expand, &applied, Some(36));
+        assert_eq!(versions(&run), (1..=36).collect::<Vec<_>>(), "one step of a staged rollout");
         assert!(waiting.is_empty());
     }
 

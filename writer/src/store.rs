@@ -153,11 +153,12 @@ macro_rules! write_chunk {
                  SELECT id, $1, results::jsonb FROM unnest($20::text[], $21::text[]) AS m(id, results)),
              written AS (
                  INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id,
-                                          occurred_at, visitor_id, click_id, contact_id, email_sha256,
-                                          phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
+                                          occurred_at, visitor_id, click_id, contact_id, email_digest,
+                                          phone_digest, address_digest, country, value, currency, hdyhau, tags)
                  SELECT u.id, $1, u.event, u.external_id, u.chain_id, u.parent_external_id,
                         'epoch'::timestamptz + u.occurred_at_ms * interval '1 millisecond',
-                        u.visitor_id, u.click_id, u.contact_id, u.email_sha256, u.phone_sha256, u.address_sha256,
+                        u.visitor_id, u.click_id, u.contact_id, decode(u.email_sha256, 'hex'), decode(u.phone_sha256, 'hex'),
+                        decode(u.address_sha256, 'hex'),
                         u.country, u.value::numeric, u.currency, u.hdyhau, u.tags::jsonb
                    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::text[],
                                $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],

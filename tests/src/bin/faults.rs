@@ -727,7 +727,7 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let hash: Option<Option<String>> = sqlx::query_scalar(concat!(
-        "SELECT email_sha256 FROM conversions WHERE ",
+        "SELECT encode(email_digest, 'hex') FROM conversions WHERE ",
         intake_common::in_workspace!(),
         " AND external_id = $2"
     ))

@@ -107,24 +107,52 @@ pub async fn direct_apply(
 
 const PG_UPSERT_TABLE: &str = "bench_pg_upsert";
 
-/// 100 rows per transaction, each row as wide as a conversion with every identifier, one in
-/// three linked to the row before; always new rows (the insert path, as in batch_ingest). It ends
-/// as the writer's insert does.
-const PG_UPSERT_SCRIPT: &str = concat!(
-    r#"\set w random(0, 49)
-INSERT INTO bench_pg_upsert (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
-                             visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
-                             country, value, currency, tags)
-SELECT 'cnv_' || u, 'ws_bench_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
+/// A pgbench script of 100 new rows a transaction (the insert path, as in batch_ingest), each as
+/// wide as a conversion with every identifier, one in three linked to the row before, into
+/// `$table` in workspaces `$ws` 0 to 49: with the chain rows the foreign key needs when `chains`
+/// is given, as the writer inserts them. Its digests are the columns `email_$digest` and so on,
+/// each `$open` 64 hex characters `$close`; it ends as the writer's insert does, or as the old
+/// shape's with `old_shape KEY`.
+macro_rules! upsert_script {
+    ($table:literal, $ws:literal, $chains:expr, $digest:literal, $open:literal, $close:literal, $($conflict:tt)*) => {
+        concat!(
+            "\\set w random(0, 49)
+WITH generated AS (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g)",
+            $chains,
+            "
+INSERT INTO ", $table, " (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
+    visitor_id, click_id, contact_id, email_", $digest, ", phone_", $digest, ", address_", $digest, ",
+    country, value, currency, tags)
+SELECT 'cnv_' || u, ", $ws, ", CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
        CASE WHEN g % 3 = 1 THEN lag(u) OVER (ORDER BY g) END, now() - interval '1 minute',
        'v' || left(md5(u), 15), left(md5(u || 'c'), 12), 'contact-' || u,
-       md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
-       'US', 129.90, 'USD', '{"plan": "pro"}'
-  FROM (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g) AS generated
-"#,
-    intake_common::conversions_on_conflict!(),
-    ";\n"
+       ", $open, "md5(u || 'e') || md5(u || 'E')", $close, ", ", $open, "md5(u || 'p') || md5(u || 'P')", $close, ",
+       ", $open, "md5(u || 'a') || md5(u || 'A')", $close, ", 'US', 129.90, 'USD', '{\"plan\": \"pro\"}'
+  FROM generated
+",
+            intake_common::conversions_on_conflict!($($conflict)*),
+            ";\n"
+        )
+    };
+}
+
+const PG_UPSERT_SCRIPT: &str =
+    upsert_script!("bench_pg_upsert", "'ws_bench_' || :w", "", "digest", "decode(", ", 'hex')",);
+
+/// The same rows into the old shape's table (`v1_table`): digests as hex text, the unique key
+/// on the workspace id.
+const PG_UPSERT_V1_SCRIPT: &str = upsert_script!(
+    "bench_pg_upsert_v1", "'ws_bench_' || :w", "", "sha256", "", "",
+    old_shape "(workspace_id, event, external_id)"
 );
+
+/// The chains of a preloaded run's rows, inserted beside them.
+macro_rules! preloaded_chains {
+    () => {
+        ",
+     chains AS (INSERT INTO chains (id, workspace_id) SELECT 'chn_' || u, 'ws_pgu_' || :w FROM generated)"
+    };
+}
 
 pub const PG_UPSERT_ROWS: u64 = 100;
 
@@ -153,14 +181,6 @@ pub fn v1_table(name: &str) -> String {
     )
 }
 
-/// A script of today's table turned to the old shape's: its unique key is on the workspace id.
-fn v1_conflict(script: &str) -> String {
-    script.replace(
-        intake_common::conversions_on_conflict!(),
-        intake_common::conversions_on_conflict!("(workspace_id, event, external_id)"),
-    )
-}
-
 /// pg_upsert into a table of the old shape, empty at the start.
 pub async fn pg_upsert_v1(
     db: &sqlx::PgPool,
@@ -173,10 +193,7 @@ pub async fn pg_upsert_v1(
     let table = format!("{PG_UPSERT_TABLE}_v1");
     sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
     sqlx::raw_sql(&v1_table(&table)).execute(db).await?;
-    let script = v1_conflict(
-        &PG_UPSERT_SCRIPT.replace(&format!("INSERT INTO {PG_UPSERT_TABLE} "), &format!("INSERT INTO {table} ")),
-    );
-    let measured = pgbench(database_url, &script, roles, duration, clients, dir).await;
+    let measured = pgbench(database_url, PG_UPSERT_V1_SCRIPT, roles, duration, clients, dir).await;
     sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}")).execute(db).await?;
     measured
 }
@@ -199,24 +216,14 @@ pub async fn pg_upsert(
 }
 
 /// The same upsert at size: into the preloaded `conversions` itself (its indexes as deep as the
-/// data), on workspaces of its own (`ws_pgu_*`, see sized.rs), with the chain rows the foreign
-/// key needs, as the writer inserts them.
-const PG_UPSERT_PRELOADED_SCRIPT: &str = concat!(
-    r#"\set w random(0, 49)
-WITH generated AS (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g),
-     chains AS (INSERT INTO chains (id, workspace_id) SELECT 'chn_' || u, 'ws_pgu_' || :w FROM generated)
-INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
-                         visitor_id, click_id, contact_id, email_sha256, phone_sha256, address_sha256,
-                         country, value, currency, tags)
-SELECT 'cnv_' || u, 'ws_pgu_' || :w, CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
-       CASE WHEN g % 3 = 1 THEN lag(u) OVER (ORDER BY g) END, now() - interval '1 minute',
-       'v' || left(md5(u), 15), left(md5(u || 'c'), 12), 'contact-' || u,
-       md5(u || 'e') || md5(u || 'E'), md5(u || 'p') || md5(u || 'P'), md5(u || 'a') || md5(u || 'A'),
-       'US', 129.90, 'USD', '{"plan": "pro"}'
-  FROM generated
-"#,
-    intake_common::conversions_on_conflict!(),
-    ";\n"
+/// data), on workspaces of its own (`ws_pgu_*`, see sized.rs).
+const PG_UPSERT_PRELOADED_SCRIPT: &str =
+    upsert_script!("conversions", "'ws_pgu_' || :w", preloaded_chains!(), "digest", "decode(", ", 'hex')",);
+
+/// The same into the preloaded table of the old shape ([`V1_TABLE`]), as deep as `conversions`.
+const PG_UPSERT_V1_PRELOADED_SCRIPT: &str = upsert_script!(
+    "bench_conversions_v1", "'ws_pgu_' || :w", preloaded_chains!(), "sha256", "", "",
+    old_shape "(workspace_id, event, external_id)"
 );
 
 pub async fn pg_upsert_into_preloaded(
@@ -229,7 +236,7 @@ pub async fn pg_upsert_into_preloaded(
     pgbench(database_url, PG_UPSERT_PRELOADED_SCRIPT, roles, duration, clients, dir).await
 }
 
-/// The same into the preloaded table of the old shape ([`V1_TABLE`]), as deep as `conversions`.
+/// pg_upsert_v1 at size: into [`V1_TABLE`], as deep as `conversions`.
 pub async fn pg_upsert_v1_into_preloaded(
     database_url: &str,
     roles: &Roles,
@@ -237,10 +244,7 @@ pub async fn pg_upsert_v1_into_preloaded(
     clients: usize,
     dir: &Path,
 ) -> anyhow::Result<(Measured, Value)> {
-    let script = v1_conflict(
-        &PG_UPSERT_PRELOADED_SCRIPT.replace("INSERT INTO conversions ", &format!("INSERT INTO {V1_TABLE} ")),
-    );
-    pgbench(database_url, &script, roles, duration, clients, dir).await
+    pgbench(database_url, PG_UPSERT_V1_PRELOADED_SCRIPT, roles, duration, clients, dir).await
 }
 
 async fn pgbench(

@@ -175,7 +175,7 @@ impl Preloaded {
             (
                 "conversions",
                 "id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at, visitor_id, click_id, \
-                 contact_id, email_sha256, phone_sha256, country, value, currency, created_at",
+                 contact_id, email_digest, phone_digest, country, value, currency, created_at",
             ),
             ("visits", "workspace_id, visitor_id, click_id, recipient_id, visited_at, page"),
             (
@@ -248,11 +248,15 @@ fn row(out: &mut String, table: &str, ws: &str, i: u64, j: u64, now_s: i64) {
                 if j % 3 == 2 { ("purchase", format!("ext-{}", j - 1)) } else { ("lead", "\\N".to_owned()) };
             let click = if j.is_multiple_of(4) { hex(i * 31 + j, 2, 12) } else { "\\N".to_owned() };
             let contact = if j.is_multiple_of(5) { format!("contact-{i}-{j}") } else { "\\N".to_owned() };
-            let phone = if j.is_multiple_of(2) { hex(i * 17 + j, 4, 64) } else { "\\N".to_owned() };
+            // Digests: bytes in `conversions` (bytea's hex input, its backslash escaped for
+            // COPY), hex text in the old shape's table.
+            let bytes = if table == "conversions" { "\\\\x" } else { "" };
+            let phone =
+                if j.is_multiple_of(2) { format!("{bytes}{}", hex(i * 17 + j, 4, 64)) } else { "\\N".to_owned() };
             let _ = writeln!(
                 out,
                 "cnv_s{i}_{j}\t{ws}\t{event}\text-{j}\t{parent}\tchn_s{i}_{chain}\t{at}\t{visitor}.1700000000\t{click}\t\
-                 {contact}\t{email}\t{phone}\tUS\t129.90\tUSD\t{at}",
+                 {contact}\t{bytes}{email}\t{phone}\tUS\t129.90\tUSD\t{at}",
                 at = timestamp(at),
                 email = hex(i * 13 + j, 3, 64),
             );
@@ -296,7 +300,7 @@ pub async fn erase_in_largest(stack: &Stack, preloaded: &Preloaded) -> anyhow::R
     let hash = intake_common::normalize::email_hash(email).ok_or_else(|| anyhow::anyhow!("email hash"))?;
     let ws = workspace_id(0);
     let ids: Vec<String> = (0..5).map(|k| format!("cnv_s0_{}", 1 + k * (preloaded.loaded[0] / 5).max(1))).collect();
-    sqlx::query("UPDATE conversions SET email_sha256 = $1 WHERE id = ANY($2)")
+    sqlx::query("UPDATE conversions SET email_digest = decode($1, 'hex') WHERE id = ANY($2)")
         .bind(hash.as_str())
         .bind(&ids)
         .execute(&preloaded.db)
