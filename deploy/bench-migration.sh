@@ -8,7 +8,7 @@
 # after. The upserts are the previous version's (digests as hex text) during `migrate`, this
 # version's (digests as bytes) during `migrate --contract`, as in a rollout.
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0043: `migrate`,
+#   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0042: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
 #   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
@@ -100,9 +100,12 @@ sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (ANALYZE) chains" -c "C
 loaded_s=$(($(date +%s) - started))
 index_bytes() { sql -c "SELECT indexrelid::regclass || ' ' || round(pg_relation_size(indexrelid)::numeric / $rows, 1)
                         FROM pg_index WHERE indrelid = 'conversions'::regclass ORDER BY 1"; }
+# The heap's bytes a conversion, and a row's own (of a 1 % sample): no migration rewrites a row.
 heap_bytes() { sql -c "SELECT round(pg_relation_size('conversions')::numeric / $rows, 1)"; }
+row_bytes() { sql -c "SELECT round(avg(pg_column_size(c.*)), 1) FROM conversions c TABLESAMPLE SYSTEM (1)"; }
 before="$(index_bytes)"
 heap_before="$(heap_bytes)"
+row_before="$(row_bytes)"
 
 # A new single conversion in its own new chain, as single_200rps sends them, its email digest
 # in COLUMN as VALUE: the previous version's statement (hex text), then this version's (bytes).
@@ -167,6 +170,7 @@ sleep 2
 stop_upserts
 after="$(index_bytes)"
 heap_after="$(heap_bytes)"
+row_after="$(row_bytes)"
 read -r p99 longest <<<"$(latencies "$migrate_started" "$migrate_ended")"
 read -r before_p99 _ <<<"$(latencies 0 "$migrate_started")"
 
@@ -205,7 +209,7 @@ for (name, state), samples in sorted(rows.items()):
 EOF
         echo
     fi
-    echo "Heap bytes per conversion: $heap_before before, $heap_after after (the backfill's new row versions, and the dropped columns' bytes, which stay in each row until it is next written)."
+    echo "A row's own bytes (of a 1 % sample): $row_before before, $row_after after. The heap's bytes a conversion: $heap_before before, $heap_after after."
     echo
     echo "Index bytes per conversion, before:"
     echo

@@ -1,8 +1,13 @@
 -- The email, phone and address digests as their 32 bytes (`bytea`) instead of 64 hex
--- characters: 32 bytes less a digest in the heap. Added beside the text columns, which the
--- previous version's binaries read and write until `intake-writer migrate --contract` (0043)
--- drops them; until then a trigger keeps each pair in step, whichever side a statement wrote:
--- the previous version's writes and erasures set the text, this version's the bytes.
+-- characters: a row with all three 96 bytes narrower. Added beside the hex columns, which stay:
+-- the rows written before keep their hex (rewriting every row to convert it would give each a
+-- new version too wide for its page, an entry in every index, and the whole table's size again
+-- in WAL; at 1 M rows it doubled the heap and the indexes), and a digest is read as
+-- `coalesce(<kind>_digest, decode(<kind>_sha256, 'hex'))` (writer/src/lookups.rs). Until
+-- `intake-writer migrate --contract` (0042) a trigger keeps each pair in step, whichever side a
+-- statement wrote, for the previous version's binaries, which read and write the hex: its
+-- writes and erasures set the hex, this version's the bytes; from the contract on, a new row
+-- carries its digests once, as bytes.
 -- Columns added without a default change no row: an ACCESS EXCLUSIVE lock for a moment, as is
 -- the trigger's SHARE ROW EXCLUSIVE, each waited for at most 3 s; past that the migration
 -- fails, writes were never queued behind it, and it is run again.

@@ -804,8 +804,11 @@ pub async fn stored_fields(
     let list: Vec<String> = columns
         .iter()
         .map(|column| match column.strip_suffix("_sha256") {
-            // A digest is stored as its bytes (migration 0036): read as the hex that senders send.
-            Some(kind @ ("email" | "phone" | "address")) => format!("encode({kind}_digest, 'hex')"),
+            // A digest is stored as its bytes (migration 0036; as hex in rows written before):
+            // read as the hex that senders send.
+            Some(kind @ ("email" | "phone" | "address")) => {
+                format!("coalesce(encode({kind}_digest, 'hex'), {kind}_sha256)")
+            }
             _ => format!("({column})::text"),
         })
         .collect();

@@ -1,9 +1,9 @@
 //! The statements that look a person's rows up by identifier: matching's and erasure's; and
 //! the look-up of the rows a chunk relates to. Each is
 //! a union of lookups that one index answers (migrations 0001, 0003, 0018, 0024, 0025, 0030,
-//! 0031, 0038 and 0039), not one condition ORed across columns, which the planner may answer by
+//! 0031, 0037 and 0038), not one condition ORed across columns, which the planner may answer by
 //! scanning the whole workspace. Email and phone digests are stored as their 32 bytes and
-//! indexed by their first 8 (`digest_key`, migration 0036), visitor ids and contact ids by an
+//! indexed by their first 8 (`digest_key`, migrations 0036 to 0038), visitor ids and contact ids by an
 //! 8-byte hash of the value (`hashtextextended`; a contact id's seeded with its workspace's, as
 //! contact ids repeat across workspaces): a third of an index of the value itself; each row found
 //! is checked against the value and the workspace. The writer speaks hex, as the messages do:
@@ -13,17 +13,33 @@
 //! of dependencies so that `tests/tests/indexed_lookups.rs` EXPLAINs the very text the writer
 //! runs, on tables of realistic size.
 
-/// The month of creation that leads the identifiers' indexes (migrations 0030, 0031, 0038, 0039).
+/// The month of creation that leads the identifiers' indexes (migrations 0030, 0031, 0037, 0038).
 macro_rules! created_month {
     () => {
         "date_trunc('month', created_at AT TIME ZONE 'UTC')"
     };
 }
 
+/// A digest of `$kind` (email, phone, address) as bytes: rows written before migration 0036
+/// keep theirs as hex, later ones as bytes (see the migration). The look-up indexes (0037,
+/// 0038) are on this expression.
+macro_rules! digest {
+    ($kind:literal) => {
+        concat!("coalesce(", $kind, "_digest, decode(", $kind, "_sha256, 'hex'))")
+    };
+}
+
+/// A digest of `$kind` as hex, as the messages carry it.
+macro_rules! digest_hex {
+    ($kind:literal) => {
+        concat!("coalesce(encode(", $kind, "_digest, 'hex'), ", $kind, "_sha256)")
+    };
+}
+
 /// `created_month = ANY(every month of the index of the rows where $present holds)`: from its
 /// first entry's month to its last's, each read at one end of the index.
 macro_rules! in_created_months {
-    ($present:literal) => {
+    ($present:expr) => {
         concat!(
             created_month!(),
             " = ANY(ARRAY(SELECT generate_series((SELECT min(",
@@ -42,30 +58,54 @@ macro_rules! in_created_months {
 /// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
 /// identifiers they carry (visitor id: its 16 characters).
 pub const PERSON_BY_EMAIL: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256
-       FROM conversions WHERE workspace_id = $1 AND email_digest IS NOT NULL AND ",
-    in_created_months!("email_digest IS NOT NULL"),
-    " AND digest_key(email_digest) = digest_key(decode($2, 'hex')) AND email_digest = decode($2, 'hex')"
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
+    digest_hex!("email"),
+    " AS email_sha256,
+           ",
+    digest_hex!("phone"),
+    " AS phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND ",
+    digest!("email"),
+    " IS NOT NULL AND ",
+    in_created_months!(concat!(digest!("email"), " IS NOT NULL")),
+    " AND digest_key(",
+    digest!("email"),
+    ") = digest_key(decode($2, 'hex')) AND ",
+    digest!("email"),
+    " = decode($2, 'hex')"
 );
 pub const PERSON_BY_PHONE: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256
-       FROM conversions WHERE workspace_id = $1 AND phone_digest IS NOT NULL AND ",
-    in_created_months!("phone_digest IS NOT NULL"),
-    " AND digest_key(phone_digest) = digest_key(decode($2, 'hex')) AND phone_digest = decode($2, 'hex')"
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
+    digest_hex!("email"),
+    " AS email_sha256,
+           ",
+    digest_hex!("phone"),
+    " AS phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND ",
+    digest!("phone"),
+    " IS NOT NULL AND ",
+    in_created_months!(concat!(digest!("phone"), " IS NOT NULL")),
+    " AND digest_key(",
+    digest!("phone"),
+    ") = digest_key(decode($2, 'hex')) AND ",
+    digest!("phone"),
+    " = decode($2, 'hex')"
 );
 pub const PERSON_BY_CONTACT: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ", digest_hex!("email"), " AS email_sha256,
+           ", digest_hex!("phone"), " AS phone_sha256
        FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
     in_created_months!("contact_id IS NOT NULL"),
     " AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
       AND contact_id = $2"
 );
 pub const PERSON_BY_VISITOR: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256
+    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
+    digest_hex!("email"),
+    " AS email_sha256,
+           ",
+    digest_hex!("phone"),
+    " AS phone_sha256
        FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
     in_created_months!("visitor_id IS NOT NULL"),
     " AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
@@ -76,18 +116,18 @@ pub const PERSON_BY_VISITOR: &str = concat!(
 /// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
 pub const PERSON_ONE_STEP: &str = concat!(
     "
-    SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256
+    SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ", digest_hex!("email"), " AS email_sha256,
+           ", digest_hex!("phone"), " AS phone_sha256
       FROM conversions WHERE workspace_id = $1 AND id = ANY($2)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex')
+    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
       FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
     in_created_months!("visitor_id IS NOT NULL"),
     "
        AND hashtextextended(left(visitor_id, 16), 0) = ANY(ARRAY(SELECT hashtextextended(v, 0) FROM unnest($3::text[]) AS v))
        AND left(visitor_id, 16) = ANY($3)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex')
+    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
     in_created_months!("contact_id IS NOT NULL"),
     "
@@ -95,19 +135,31 @@ pub const PERSON_ONE_STEP: &str = concat!(
            = ANY(ARRAY(SELECT hashtextextended(c, hashtextextended($1, 0)) FROM unnest($4::text[]) AS c))
        AND contact_id = ANY($4)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex')
-      FROM conversions WHERE workspace_id = $1 AND email_digest IS NOT NULL AND ",
-    in_created_months!("email_digest IS NOT NULL"),
+    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
+      FROM conversions WHERE workspace_id = $1 AND ",
+    digest!("email"),
+    " IS NOT NULL AND ",
+    in_created_months!(concat!(digest!("email"), " IS NOT NULL")),
     "
-       AND digest_key(email_digest) = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($5::text[]) AS h))
-       AND email_digest = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($5::text[]) AS h))
+       AND digest_key(",
+    digest!("email"),
+    ") = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($5::text[]) AS h))
+       AND ",
+    digest!("email"),
+    " = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($5::text[]) AS h))
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, encode(email_digest, 'hex'), encode(phone_digest, 'hex')
-      FROM conversions WHERE workspace_id = $1 AND phone_digest IS NOT NULL AND ",
-    in_created_months!("phone_digest IS NOT NULL"),
+    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
+      FROM conversions WHERE workspace_id = $1 AND ",
+    digest!("phone"),
+    " IS NOT NULL AND ",
+    in_created_months!(concat!(digest!("phone"), " IS NOT NULL")),
     "
-       AND digest_key(phone_digest) = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($6::text[]) AS h))
-       AND phone_digest = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($6::text[]) AS h))"
+       AND digest_key(",
+    digest!("phone"),
+    ") = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($6::text[]) AS h))
+       AND ",
+    digest!("phone"),
+    " = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($6::text[]) AS h))"
 );
 
 /// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
@@ -127,7 +179,8 @@ pub const DELETE_PERSON_MATCHES: &str = "DELETE FROM conversion_matches WHERE co
 
 pub const CLEAR_PERSON_CONVERSIONS: &str = "
     UPDATE conversions SET visitor_id = NULL, click_id = NULL, contact_id = NULL, email_digest = NULL,
-           phone_digest = NULL, address_digest = NULL, hdyhau = NULL, updated_at = now()
+           phone_digest = NULL, address_digest = NULL, email_sha256 = NULL, phone_sha256 = NULL,
+           address_sha256 = NULL, hdyhau = NULL, updated_at = now()
      WHERE id = ANY($1)";
 
 /// Matches the conversions `$2` (with their visitor ids `$3`, click ids `$4`, contact ids `$5`
@@ -171,8 +224,14 @@ pub const RELATED_CONVERSIONS: &str = concat!(
     "
     SELECT id, event, external_id, chain_id, parent_external_id,
            (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
-           visitor_id, click_id, contact_id, encode(email_digest, 'hex') AS email_sha256,
-           encode(phone_digest, 'hex') AS phone_sha256, encode(address_digest, 'hex') AS address_sha256,
+           visitor_id, click_id, contact_id, ",
+    digest_hex!("email"),
+    " AS email_sha256,
+           ",
+    digest_hex!("phone"),
+    " AS phone_sha256, ",
+    digest_hex!("address"),
+    " AS address_sha256,
            country, value::text AS value, currency, hdyhau, tags
       FROM conversions
      WHERE ",
