@@ -55,79 +55,106 @@ macro_rules! in_created_months {
     };
 }
 
+/// What the person look-ups return of each conversion: its id and the identifiers it carries
+/// (visitor id: its 16 characters; digests as hex).
+macro_rules! person_columns {
+    () => {
+        concat!(
+            "id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
+            digest_hex!("email"),
+            " AS email_sha256, ",
+            digest_hex!("phone"),
+            " AS phone_sha256"
+        )
+    };
+}
+
+/// The conversions of workspace `$1` whose `$kind` digest is `$2` (hex), as `PERSON_BY_*`.
+macro_rules! person_by_digest {
+    ($kind:literal) => {
+        concat!(
+            "SELECT ",
+            person_columns!(),
+            " FROM conversions WHERE workspace_id = $1 AND ",
+            digest!($kind),
+            " IS NOT NULL AND ",
+            in_created_months!(concat!(digest!($kind), " IS NOT NULL")),
+            " AND digest_key(",
+            digest!($kind),
+            ") = digest_key(decode($2, 'hex')) AND ",
+            digest!($kind),
+            " = decode($2, 'hex')"
+        )
+    };
+}
+
 /// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
 /// identifiers they carry (visitor id: its 16 characters).
-pub const PERSON_BY_EMAIL: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
-    digest_hex!("email"),
-    " AS email_sha256,
-           ",
-    digest_hex!("phone"),
-    " AS phone_sha256
-       FROM conversions WHERE workspace_id = $1 AND ",
-    digest!("email"),
-    " IS NOT NULL AND ",
-    in_created_months!(concat!(digest!("email"), " IS NOT NULL")),
-    " AND digest_key(",
-    digest!("email"),
-    ") = digest_key(decode($2, 'hex')) AND ",
-    digest!("email"),
-    " = decode($2, 'hex')"
-);
-pub const PERSON_BY_PHONE: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
-    digest_hex!("email"),
-    " AS email_sha256,
-           ",
-    digest_hex!("phone"),
-    " AS phone_sha256
-       FROM conversions WHERE workspace_id = $1 AND ",
-    digest!("phone"),
-    " IS NOT NULL AND ",
-    in_created_months!(concat!(digest!("phone"), " IS NOT NULL")),
-    " AND digest_key(",
-    digest!("phone"),
-    ") = digest_key(decode($2, 'hex')) AND ",
-    digest!("phone"),
-    " = decode($2, 'hex')"
-);
+pub const PERSON_BY_EMAIL: &str = person_by_digest!("email");
+pub const PERSON_BY_PHONE: &str = person_by_digest!("phone");
 pub const PERSON_BY_CONTACT: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ", digest_hex!("email"), " AS email_sha256,
-           ", digest_hex!("phone"), " AS phone_sha256
+    "SELECT ",
+    person_columns!(),
+    "
        FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
     in_created_months!("contact_id IS NOT NULL"),
     " AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
       AND contact_id = $2"
 );
 pub const PERSON_BY_VISITOR: &str = concat!(
-    "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ",
-    digest_hex!("email"),
-    " AS email_sha256,
-           ",
-    digest_hex!("phone"),
-    " AS phone_sha256
+    "SELECT ",
+    person_columns!(),
+    "
        FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
     in_created_months!("visitor_id IS NOT NULL"),
     " AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
       AND left(visitor_id, 16) = left($2, 16)"
 );
 
+/// The conversions of workspace `$1` whose `$kind` digest is one of `$digests` (hex).
+macro_rules! people_by_digests {
+    ($kind:literal, $digests:literal) => {
+        concat!(
+            "SELECT ",
+            person_columns!(),
+            " FROM conversions WHERE workspace_id = $1 AND ",
+            digest!($kind),
+            " IS NOT NULL AND ",
+            in_created_months!(concat!(digest!($kind), " IS NOT NULL")),
+            " AND digest_key(",
+            digest!($kind),
+            ") = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest(",
+            $digests,
+            "::text[]) AS h)) AND ",
+            digest!($kind),
+            " = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest(",
+            $digests,
+            "::text[]) AS h))"
+        )
+    };
+}
+
 /// One step out (docs/architecture.md, "Privacy"): the conversions of workspace `$1` that are `$2` or carry one of the
 /// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
 pub const PERSON_ONE_STEP: &str = concat!(
     "
-    SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, ", digest_hex!("email"), " AS email_sha256,
-           ", digest_hex!("phone"), " AS phone_sha256
+    SELECT ",
+    person_columns!(),
+    "
       FROM conversions WHERE workspace_id = $1 AND id = ANY($2)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
+    SELECT ",
+    person_columns!(),
+    "
       FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
     in_created_months!("visitor_id IS NOT NULL"),
     "
        AND hashtextextended(left(visitor_id, 16), 0) = ANY(ARRAY(SELECT hashtextextended(v, 0) FROM unnest($3::text[]) AS v))
        AND left(visitor_id, 16) = ANY($3)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
+    SELECT ",
+    person_columns!(),
+    "
       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
     in_created_months!("contact_id IS NOT NULL"),
     "
@@ -135,31 +162,12 @@ pub const PERSON_ONE_STEP: &str = concat!(
            = ANY(ARRAY(SELECT hashtextextended(c, hashtextextended($1, 0)) FROM unnest($4::text[]) AS c))
        AND contact_id = ANY($4)
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
-      FROM conversions WHERE workspace_id = $1 AND ",
-    digest!("email"),
-    " IS NOT NULL AND ",
-    in_created_months!(concat!(digest!("email"), " IS NOT NULL")),
+    ",
+    people_by_digests!("email", "$5"),
     "
-       AND digest_key(",
-    digest!("email"),
-    ") = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($5::text[]) AS h))
-       AND ",
-    digest!("email"),
-    " = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($5::text[]) AS h))
     UNION
-    SELECT id, left(visitor_id, 16), click_id, contact_id, ", digest_hex!("email"), ", ", digest_hex!("phone"), "
-      FROM conversions WHERE workspace_id = $1 AND ",
-    digest!("phone"),
-    " IS NOT NULL AND ",
-    in_created_months!(concat!(digest!("phone"), " IS NOT NULL")),
-    "
-       AND digest_key(",
-    digest!("phone"),
-    ") = ANY(ARRAY(SELECT digest_key(decode(h, 'hex')) FROM unnest($6::text[]) AS h))
-       AND ",
-    digest!("phone"),
-    " = ANY(ARRAY(SELECT decode(h, 'hex') FROM unnest($6::text[]) AS h))"
+    ",
+    people_by_digests!("phone", "$6")
 );
 
 /// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
