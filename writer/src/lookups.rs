@@ -69,48 +69,6 @@ macro_rules! person_columns {
     };
 }
 
-/// The conversions of workspace `$1` whose `$kind` digest is `$2` (hex), as `PERSON_BY_*`.
-macro_rules! person_by_digest {
-    ($kind:literal) => {
-        concat!(
-            "SELECT ",
-            person_columns!(),
-            " FROM conversions WHERE workspace_id = $1 AND ",
-            digest!($kind),
-            " IS NOT NULL AND ",
-            in_created_months!(concat!(digest!($kind), " IS NOT NULL")),
-            " AND digest_key(",
-            digest!($kind),
-            ") = digest_key(decode($2, 'hex')) AND ",
-            digest!($kind),
-            " = decode($2, 'hex')"
-        )
-    };
-}
-
-/// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
-/// identifiers they carry (visitor id: its 16 characters).
-pub const PERSON_BY_EMAIL: &str = person_by_digest!("email");
-pub const PERSON_BY_PHONE: &str = person_by_digest!("phone");
-pub const PERSON_BY_CONTACT: &str = concat!(
-    "SELECT ",
-    person_columns!(),
-    "
-       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
-    in_created_months!("contact_id IS NOT NULL"),
-    " AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
-      AND contact_id = $2"
-);
-pub const PERSON_BY_VISITOR: &str = concat!(
-    "SELECT ",
-    person_columns!(),
-    "
-       FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
-    in_created_months!("visitor_id IS NOT NULL"),
-    " AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
-      AND left(visitor_id, 16) = left($2, 16)"
-);
-
 /// The conversions of workspace `$1` whose `$kind` digest is one of `$digests` (hex).
 macro_rules! people_by_digests {
     ($kind:literal, $digests:literal) => {
@@ -133,6 +91,29 @@ macro_rules! people_by_digests {
         )
     };
 }
+
+/// The conversions of workspace `$1` that carry the identifier `$2`, by its kind, with the
+/// identifiers they carry (visitor id: its 16 characters).
+pub const PERSON_BY_EMAIL: &str = people_by_digests!("email", "ARRAY[$2]");
+pub const PERSON_BY_PHONE: &str = people_by_digests!("phone", "ARRAY[$2]");
+pub const PERSON_BY_CONTACT: &str = concat!(
+    "SELECT ",
+    person_columns!(),
+    "
+       FROM conversions WHERE workspace_id = $1 AND contact_id IS NOT NULL AND ",
+    in_created_months!("contact_id IS NOT NULL"),
+    " AND hashtextextended(contact_id, hashtextextended(workspace_id, 0)) = hashtextextended($2, hashtextextended($1, 0))
+      AND contact_id = $2"
+);
+pub const PERSON_BY_VISITOR: &str = concat!(
+    "SELECT ",
+    person_columns!(),
+    "
+       FROM conversions WHERE workspace_id = $1 AND visitor_id IS NOT NULL AND ",
+    in_created_months!("visitor_id IS NOT NULL"),
+    " AND hashtextextended(left(visitor_id, 16), 0) = hashtextextended(left($2, 16), 0)
+      AND left(visitor_id, 16) = left($2, 16)"
+);
 
 /// One step out (docs/architecture.md, "Privacy"): the conversions of workspace `$1` that are `$2` or carry one of the
 /// visitor ids `$3`, contact ids `$4`, email hashes `$5` or phone hashes `$6`.
