@@ -20,15 +20,17 @@ KAFKA_CONTROLLER_PORT="${INTAKE_KAFKA_CONTROLLER_PORT:-59093}"
 KAFKA_VERSION="${INTAKE_KAFKA_VERSION:-4.4.0}"
 KAFKA_LIBS="$INTAKE_CACHE/kafka-$KAFKA_VERSION/libs"
 MAVEN_CENTRAL="${INTAKE_MAVEN_CENTRAL:-https://repo.maven.apache.org/maven2}"
-# A fixed heap of 1 GB with a young generation of 384 MB (docs/operations.md, "Kafka's broker"):
-# with 128 to 512 MB the live data filled it past G1's marking threshold, and G1's own young
-# generation, sized for 20 ms pauses, was 40 MB and paused the broker every 2 to 3 s.
-KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms1g -Xmx1g -Xmn384m}"
+# A fixed heap of 1 GB: the broker's live data is about 250 MB (docs/operations.md, "Kafka's
+# broker").
+KAFKA_HEAP_OPTS="${INTAKE_KAFKA_HEAP_OPTS:--Xms1g -Xmx1g}"
 # The JIT compiler's thresholds at a twentieth: a request path of the broker is compiled after
 # some hundred requests instead of thousands, so that a broker just started reaches its steady
 # latency within its warm-up (warm_kafka) rather than after minutes of traffic. Its CPU at start
 # stays what it was (about 18 s with the warm-up either way).
 KAFKA_JIT_OPTS="${INTAKE_KAFKA_JIT_OPTS:--XX:CompileThresholdScaling=0.05}"
+# ZGC, which collects while the broker runs: G1's pauses (up to 100 ms under batch writes) held
+# every request that reached the broker meanwhile (docs/operations.md, "Kafka's broker").
+KAFKA_GC_OPTS="${INTAKE_KAFKA_GC_OPTS:--XX:+UseZGC}"
 
 export INTAKE_KAFKA_BROKERS="${INTAKE_KAFKA_BROKERS:-127.0.0.1:$KAFKA_PORT}"
 export INTAKE_REDIS_URL="${INTAKE_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
@@ -257,10 +259,9 @@ LOG4J
     [ -f "$LOGS/$name.log" ] && log_lines="$(wc -l <"$LOGS/$name.log")"
     say "starting Kafka $KAFKA_VERSION node $name on 127.0.0.1:$port"
     # shellcheck disable=SC2086
-    # The GC log (each pause, with the time of day) tells whether a stall of the whole write
-    # path was the broker's collector. Regions of 8 MB: a produce request (up to 1 MB) is then
-    # not a "humongous" object, each of which started a marking cycle (docs/operations.md).
-    start_process "$name" java $KAFKA_HEAP_OPTS $KAFKA_JIT_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:G1HeapRegionSize=8m \
+    # The GC log (each collection, with the time of day) tells whether a stall of the whole
+    # write path was the broker's collector.
+    start_process "$name" java $KAFKA_HEAP_OPTS $KAFKA_JIT_OPTS $KAFKA_GC_OPTS \
         "-Xlog:gc:file=$LOGS/$name-gc.log:time,uptime:filecount=2,filesize=10m" \
         -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
         -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties"
