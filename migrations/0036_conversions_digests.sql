@@ -23,6 +23,8 @@ CREATE FUNCTION digest_key(digest bytea) RETURNS int8
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN ('x' || encode(substring(digest FROM 1 FOR 8), 'hex'))::bit(64)::int8;
 
+-- On an update the bytes win: this version's upsert also clears a stale hex (a row stored before
+-- whose digest a re-send changed), which the previous version never does to the bytes.
 CREATE FUNCTION conversions_digests_in_step() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -34,20 +36,20 @@ BEGIN
         NEW.address_sha256 := coalesce(NEW.address_sha256, encode(NEW.address_digest, 'hex'));
         RETURN NEW;
     END IF;
-    IF NEW.email_sha256 IS DISTINCT FROM OLD.email_sha256 THEN
-        NEW.email_digest := decode(NEW.email_sha256, 'hex');
-    ELSIF NEW.email_digest IS DISTINCT FROM OLD.email_digest THEN
+    IF NEW.email_digest IS DISTINCT FROM OLD.email_digest THEN
         NEW.email_sha256 := encode(NEW.email_digest, 'hex');
+    ELSIF NEW.email_sha256 IS DISTINCT FROM OLD.email_sha256 THEN
+        NEW.email_digest := decode(NEW.email_sha256, 'hex');
     END IF;
-    IF NEW.phone_sha256 IS DISTINCT FROM OLD.phone_sha256 THEN
-        NEW.phone_digest := decode(NEW.phone_sha256, 'hex');
-    ELSIF NEW.phone_digest IS DISTINCT FROM OLD.phone_digest THEN
+    IF NEW.phone_digest IS DISTINCT FROM OLD.phone_digest THEN
         NEW.phone_sha256 := encode(NEW.phone_digest, 'hex');
+    ELSIF NEW.phone_sha256 IS DISTINCT FROM OLD.phone_sha256 THEN
+        NEW.phone_digest := decode(NEW.phone_sha256, 'hex');
     END IF;
-    IF NEW.address_sha256 IS DISTINCT FROM OLD.address_sha256 THEN
-        NEW.address_digest := decode(NEW.address_sha256, 'hex');
-    ELSIF NEW.address_digest IS DISTINCT FROM OLD.address_digest THEN
+    IF NEW.address_digest IS DISTINCT FROM OLD.address_digest THEN
         NEW.address_sha256 := encode(NEW.address_digest, 'hex');
+    ELSIF NEW.address_sha256 IS DISTINCT FROM OLD.address_sha256 THEN
+        NEW.address_digest := decode(NEW.address_sha256, 'hex');
     END IF;
     RETURN NEW;
 END

@@ -128,15 +128,29 @@ macro_rules! in_workspace {
 /// the statement the writer runs. The key is the unique index on the workspace id's hash
 /// (migration 0024), the digests their bytes (0036). `old_shape KEY` gives the statement of the
 /// shape before those: the digests as hex text, on the key KEY (`pg_upsert_v1`, and the previous
-/// version's insert in the rollout's test). A macro rather than a const: `concat!` takes literals
-/// only, and both statements are whole at compile time.
+/// version's insert in the rollout's test). The stored row is named `conversions` (an insert into
+/// another table aliases it so). A macro rather than a const: `concat!` takes literals only, and
+/// both statements are whole at compile time.
 #[macro_export]
 macro_rules! conversions_on_conflict {
     () => {
-        $crate::conversions_on_conflict!(@ "((hashtextextended(workspace_id, 0)), event, external_id)", "digest")
+        concat!(
+            $crate::conversions_on_conflict!(@ "((hashtextextended(workspace_id, 0)), event, external_id)", "digest"),
+            // A row stored before the digests were bytes keeps its hex only while it is the
+            // digest's: one a re-send replaced must not outlive it (an erasure would miss it).
+            $crate::conversions_on_conflict!(@stale_hex "email"),
+            $crate::conversions_on_conflict!(@stale_hex "phone"),
+            $crate::conversions_on_conflict!(@stale_hex "address")
+        )
     };
     (old_shape $key:expr) => {
         $crate::conversions_on_conflict!(@ $key, "sha256")
+    };
+    (@stale_hex $kind:literal) => {
+        concat!(
+            ", ", $kind, "_sha256 = CASE WHEN conversions.", $kind, "_sha256 = encode(excluded.", $kind,
+            "_digest, 'hex') THEN conversions.", $kind, "_sha256 END"
+        )
     };
     (@ $key:expr, $digest:literal) => {
         concat!(

@@ -305,6 +305,13 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
         WHERE external_id IN ('this-1', 'old-4', 'old-5') AND email_sha256 IS NULL AND email_digest IS NULL";
     assert_eq!(scalar(&db, erased).await, 3, "an erasure by either version clears both");
     assert!(by_email(&db, &email_hash(1_000_001)).await.is_empty());
+    // This version's re-send of a row stored before, with another email: both forms are the new one.
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_x6", "old-6", &email_hash(1_000_006)).await;
+    let hex: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE external_id = 'old-6'")
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
+    assert_eq!(hex, Some(email_hash(1_000_006)));
 
     // The contract: the previous version's indexes and the trigger go; a new row carries its
     // digest once, as bytes; the rows stored before are still found by their hex.
@@ -320,6 +327,28 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
     assert_eq!(scalar(&db, once).await, 1, "a new row's digest is stored once");
     assert_eq!(by_email(&db, &email_hash(1_000_003)).await, ["cnv_x3"]);
     assert_eq!(by_email(&db, &old_hash).await, ["cnv_000001"]);
+    // A re-send of a row stored before: its hex stays while it is the digest's, goes when the
+    // email changed, so that no erasure can miss a hash the row no longer shows.
+    let hex_of = |external_id: &'static str| {
+        let db = db.clone();
+        async move {
+            let hex: Option<String> = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE external_id = $1")
+                .bind(external_id)
+                .fetch_one(&db)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            hex
+        }
+    };
+    let own_hash: String = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE external_id = 'old-8'")
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_x8", "old-8", &own_hash).await;
+    assert_eq!(hex_of("old-8").await, Some(own_hash));
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_x7", "old-7", &email_hash(1_000_007)).await;
+    assert_eq!(hex_of("old-7").await, None);
+    assert_eq!(by_email(&db, &email_hash(1_000_007)).await, ["cnv_000007"]);
     db.close().await;
 }
 

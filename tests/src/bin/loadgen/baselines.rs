@@ -120,7 +120,7 @@ macro_rules! upsert_script {
 WITH generated AS (SELECT g, gen_random_uuid()::text AS u FROM generate_series(1, 100) AS g)",
             $chains,
             "
-INSERT INTO ", $table, " (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
+INSERT INTO ", $table, " AS conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at,
     visitor_id, click_id, contact_id, email_", $digest, ", phone_", $digest, ", address_", $digest, ",
     country, value, currency, tags)
 SELECT 'cnv_' || u, ", $ws, ", CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' END, u, 'chn_' || u,
