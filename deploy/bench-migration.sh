@@ -11,6 +11,9 @@
 #   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0042: `migrate`,
 #                                                then `migrate --contract`
 #   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
+#   INTAKE_MIGRATION_FIRST=6 deploy/bench-migration.sh
+#                                                every migration from 0006 on, from the schema
+#                                                of a version before them (0005)
 #   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
 #                                                the same on the HA layout (deploy/ha.sh: three
 #                                                nodes, one synchronous standby, through
@@ -26,7 +29,8 @@ source "$(dirname "$0")/lib.sh"
 
 rows="${INTAKE_MIGRATION_ROWS:-10000000}"
 db=intake_bench_migration
-first=36 # the first migration under test; the schema before it is the previous version's
+# The first migration under test; the schema before it is the previous version's.
+first="${INTAKE_MIGRATION_FIRST:-36}"
 ha="${INTAKE_MIGRATION_HA:-0}"
 ha_dir="$INTAKE_HOME/bench-migration-ha"
 # Each node holds the table, its indexes and the load's WAL: about 1.5 kB a row (a 10 M load
