@@ -3,7 +3,8 @@
 //! that both versions' writers write to the same rows; `migrate --contract` then drops the old,
 //! after which only the new version's statements run. Two rollouts: the keys on the workspace
 //! id's hash (0024 to 0027), and the digests as bytes (0036 to 0042), the second on a populated
-//! table while the previous version writes.
+//! table while the previous version writes; and a database several versions behind, which takes
+//! every version's additions in one `migrate`.
 
 #[allow(dead_code)]
 #[path = "../../writer/src/lookups.rs"]
@@ -85,8 +86,8 @@ async fn indexes(db: &PgPool) -> Vec<String> {
 async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_after_it() {
     let own = OwnDatabase::empty("rollout").await;
     let expanded = own.migrate(&["--through", "35"]);
-    // A new database stops at the first contract; every migration after it waits with it.
-    assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 28, 29, 30, 31, 32, 33, 34, 35]), "{expanded}");
+    // A new database takes every addition; the drops wait.
+    assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 32, 33, 34, 35]), "{expanded}");
     let db = own.pool().await;
     for statement in [
         "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
@@ -163,6 +164,41 @@ const INSERT_WITH_EMAIL: &str = concat!(
 );
 
 const STORED: i64 = 30_000;
+
+/// A database several versions behind (at 0005, the schema of a version before every rollout
+/// here) takes every version's additions in one `migrate`: the binaries of its own version and
+/// this version's then both write, each to the same rows, until `--contract`.
+#[tokio::test]
+async fn a_database_several_versions_behind_takes_every_version_s_additions_in_one_migrate() {
+    let own = OwnDatabase::empty("jump").await;
+    own.migrate(&["--contract", "--through", "5"]);
+    let db = own.pool().await;
+    for statement in [
+        "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
+        "INSERT INTO chains (id, workspace_id) VALUES ('chn_rollout', 'ws_rollout')",
+    ] {
+        sqlx::query(statement).execute(&db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    insert(&db, PREVIOUS_INSERT, "cnv_1", "A1", None, "1").await;
+
+    let expanded = own.migrate(&[]);
+    assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 32, 33, 34, 35, 40, 41, 42]), "{expanded}");
+    // The version of 0005 writes on its own key; this one with its digest as bytes, on its key.
+    insert(&db, PREVIOUS_INSERT, "cnv_2", "A2", None, "2").await;
+    let hash = email_hash(1);
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_3", "A1", &hash).await;
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_4", "A3", &hash).await;
+    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions").await, 3, "A1 once, through both keys");
+    assert_eq!(by_email(&db, &hash).await, ["cnv_1", "cnv_4"], "this version's erasure finds both rows");
+
+    let contracted = own.migrate(&["--contract"]);
+    assert_eq!(contracted["waiting_for_contract"], json!([]), "{contracted}");
+    let refused = try_insert(&db, PREVIOUS_INSERT, "cnv_5", "A1", None, "5").await;
+    assert!(refused.is_err(), "the old key is gone after the contract");
+    insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_6", "A4", &hash).await;
+    assert_eq!(by_email(&db, &hash).await, ["cnv_1", "cnv_4", "cnv_6"]);
+    db.close().await;
+}
 
 fn email_hash(n: u64) -> String {
     let email = format!("person-{n}@example.com");

@@ -48,8 +48,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Applies the database migrations, up to the first that removes what the previous
-    /// version's binaries use (printed as "waiting_for_contract").
+    /// Applies the database migrations, all but those that remove what the previous version's
+    /// binaries use (printed as "waiting_for_contract").
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,

@@ -5,8 +5,8 @@
 //! A schema change that the previous version's binaries cannot run against comes in two steps
 //! (deploy/RUNBOOK.md, "Schema migrations"): migrations that add what the new version uses
 //! (expand), applied before the rollout, and a migration marked `-- contract:` that removes what
-//! only the previous version used, applied once none of its binaries runs. `migrate` stops before
-//! the first contract migration not yet applied; `migrate --contract` applies it and the rest.
+//! only the previous version used, applied once none of its binaries runs. `migrate` applies all
+//! but the contract migrations not yet applied; `migrate --contract` applies those too.
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::PgPool;
@@ -24,7 +24,7 @@ const CONTRACT: &str = "-- contract:";
 /// How far `migrate` goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
-    /// Up to the first contract migration not yet applied: safe while the previous version runs.
+    /// All but the contract migrations not yet applied: safe while the previous version runs.
     Expand,
     /// Every migration.
     Contract,
@@ -35,18 +35,19 @@ fn is_contract(sql: &str) -> bool {
 }
 
 /// The migrations that `stage` applies to a database that has `applied`, none past `through`,
-/// and the versions that wait for `--contract`.
+/// and the versions that wait for `--contract`. The expand stage applies every migration but the
+/// contract ones not yet applied, those of later versions included: a database several versions
+/// behind then takes every version's additions at once, and the binaries of the version it ran
+/// keep what they use until the contract, so no rollout has to stop at each version between.
+/// An expand migration therefore never relies on an earlier contract having run.
 fn selected(stage: Stage, applied: &[i64], through: Option<i64>) -> (Vec<(i64, &'static str, &'static str)>, Vec<i64>) {
     let migrations = &MIGRATIONS[..MIGRATIONS.partition_point(|&(version, _, _)| through.is_none_or(|t| version <= t))];
-    let gate = match stage {
-        Stage::Contract => None,
-        Stage::Expand => {
-            migrations.iter().position(|&(version, _, sql)| is_contract(sql) && !applied.contains(&version))
-        }
+    let held = |&(version, _, sql): &(i64, &str, &str)| {
+        stage == Stage::Expand && is_contract(sql) && !applied.contains(&version)
     };
-    let (run, held) = migrations.split_at(gate.unwrap_or(migrations.len()));
-    let waiting = held.iter().map(|&(version, _, _)| version).filter(|v| !applied.contains(v)).collect();
-    (run.to_vec(), waiting)
+    let run = migrations.iter().filter(|m| !held(m)).copied().collect();
+    let waiting = migrations.iter().filter(|m| held(m)).map(|&(version, _, _)| version).collect();
+    (run, waiting)
 }
 
 /// Applies `stage`'s migrations, none past `through`; returns the versions that wait for
@@ -97,7 +98,7 @@ mod tests {
     }
 
     #[test]
-    fn migrate_stops_before_the_first_contract_migration_not_applied() {
+    fn migrate_holds_back_the_contract_migrations_not_applied() {
         let contracts: Vec<i64> = MIGRATIONS.iter().filter(|m| is_contract(m.2)).map(|m| m.0).collect();
         assert_eq!(
             contracts,
@@ -107,9 +108,15 @@ mod tests {
         let versions = |m: &[(i64, &str, &str)]| m.iter().map(|m| m.0).collect::<Vec<_>>();
         let last = MIGRATIONS.len() as i64;
 
+        let expand_only: Vec<i64> = (1..=last).filter(|v| !contracts.contains(v)).collect();
         let (run, waiting) = selected(Stage::Expand, &[], None);
-        assert_eq!(versions(&run), (1..=25).collect::<Vec<_>>(), "a new database, expand only");
-        assert_eq!(waiting, (26..=last).collect::<Vec<_>>());
+        assert_eq!(versions(&run), expand_only, "a new database, expand only: every version's additions");
+        assert_eq!(waiting, contracts);
+
+        let applied: Vec<i64> = (1..=5).collect();
+        let (run, waiting) = selected(Stage::Expand, &applied, None);
+        assert_eq!(versions(&run), expand_only, "several versions behind: the additions of each at once");
+        assert_eq!(waiting, contracts);
 
         let (run, waiting) = selected(Stage::Contract, &[], None);
         assert_eq!(versions(&run).len(), MIGRATIONS.len());
@@ -117,8 +124,9 @@ mod tests {
 
         let applied: Vec<i64> = (1..=27).collect();
         let (run, waiting) = selected(Stage::Expand, &applied, None);
-        assert_eq!(versions(&run), (1..=31).collect::<Vec<_>>(), "the month-led indexes beside the old ones");
-        assert_eq!(waiting, (32..=last).collect::<Vec<_>>());
+        let expected: Vec<i64> = (1..=last).filter(|v| ![32, 33, 34, 35, 40, 41, 42].contains(v)).collect();
+        assert_eq!(versions(&run), expected, "the month-led indexes beside the old ones, the digests' bytes too");
+        assert_eq!(waiting, [32, 33, 34, 35, 40, 41, 42]);
 
         let applied: Vec<i64> = (1..=35).collect();
         let (run, waiting) = selected(Stage::Expand, &applied, None);
