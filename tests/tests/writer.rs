@@ -167,3 +167,57 @@ async fn a_request_can_be_followed_from_the_gateway_into_the_writer_by_its_reque
     assert!(gateway_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains(&key.key_id)), "{logs}");
     assert!(writer_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains("applied")), "{logs}");
 }
+
+#[tokio::test]
+async fn a_writer_started_before_migrate_waits_not_ready_and_applies_once_the_schema_is_there() {
+    // The database of the version before the digests as bytes, and this version's writer on it.
+    let own = intake_tests::OwnDatabase::empty("behind").await;
+    own.migrate(&["--contract", "--through", "35"]);
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(own.url.clone()),
+        write_timeout_ms: 60_000,
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    let ops = stack.writer_ops_urls[0].clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reason = loop {
+        let reply = stack.http.get(format!("{ops}/readyz")).send().await;
+        let body = match reply {
+            Ok(reply) => reply.text().await.unwrap_or_default(),
+            Err(_) => String::new(), // its ops port not yet listening
+        };
+        if body.contains("schema_behind") || Instant::now() > deadline {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(reason.contains(r#""reason":"schema_behind""#), "{reason}");
+
+    // A send now waits in Kafka, not in the dead-letter topic, and is applied after `migrate`.
+    let mut input = conversion("lead");
+    input["email"] = json!("behind@example.com");
+    let client = stack.client();
+    let (sending, body) = (key.clone(), input.clone());
+    let sent = tokio::spawn(async move { client.post("/v1/conversions", &sending, &body).await });
+    own.migrate(&[]);
+    let reply = sent.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let db = own.pool().await;
+    let stored: Option<Vec<u8>> = sqlx::query_scalar("SELECT email_digest FROM conversions WHERE external_id = $1")
+        .bind(input["external_id"].as_str().unwrap_or_default())
+        .fetch_one(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stored.map(|digest| digest.len()), Some(32), "stored in this version's shape");
+    let ready = stack.http.get(format!("{ops}/readyz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+    assert_eq!(ready, 200);
+    let metrics = stack.writer_metrics(0).await;
+    assert_eq!(metrics.value(r#"intake_writer_messages_total{outcome="applied"}"#), 1.0);
+    assert_eq!(
+        metrics.get(r#"intake_writer_dead_lettered_total{reason="apply_failed"}"#),
+        None,
+        "nothing dead-lettered"
+    );
+}

@@ -20,6 +20,8 @@ pub struct Health {
     /// A first assignment (possibly empty) arrived: the writer is a member of the group.
     joined: AtomicBool,
     shutting_down: AtomicBool,
+    /// The database lacks migrations this build's statements use (`migrations::missing`).
+    schema_behind: AtomicBool,
     partitions: Mutex<HashMap<i32, PartitionState>>,
     /// Bumped at every rebalance. A message read before one may belong to a partition this
     /// writer no longer holds, or holds again from a newer committed offset: its lane neither
@@ -39,6 +41,8 @@ struct PartitionState {
 #[derive(Debug, PartialEq, Eq)]
 pub enum NotReady {
     ShuttingDown,
+    /// Waiting for `intake-writer migrate` before reading a message.
+    SchemaBehind,
     NotInGroup,
     Stalled,
     /// Stalled only behind workspaces whose locks other sessions hold.
@@ -53,6 +57,7 @@ impl Health {
             stall_timeout,
             joined: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
+            schema_behind: AtomicBool::new(false),
             partitions: Mutex::default(),
             assignment_generation: AtomicU64::new(0),
         })
@@ -65,6 +70,9 @@ impl Health {
     pub fn ready(&self) -> Result<(), NotReady> {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(NotReady::ShuttingDown);
+        }
+        if self.schema_behind.load(Ordering::Relaxed) {
+            return Err(NotReady::SchemaBehind);
         }
         if !self.joined.load(Ordering::Relaxed) {
             return Err(NotReady::NotInGroup);
@@ -99,6 +107,10 @@ impl Health {
     pub fn stuck(&self) -> bool {
         let since_outage = metrics::unix_seconds() - self.metrics.last_outage_retry.get();
         self.stall() == Stall::Own && since_outage >= self.stall_timeout.as_secs_f64()
+    }
+
+    pub fn schema_behind(&self, behind: bool) {
+        self.schema_behind.store(behind, Ordering::Relaxed);
     }
 
     pub fn shutting_down(&self) {

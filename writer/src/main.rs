@@ -316,6 +316,43 @@ async fn main() {
     }
 }
 
+/// Waits, not ready and reading no message, while the database answers that it lacks migrations
+/// this build's statements use (a writer rolled out before `migrate`): applying then would fail
+/// every chunk for good and dead-letter it, where waiting leaves the backlog in Kafka. A database
+/// that does not answer is not waited for here: the retry policy rides outages out. False if
+/// shutdown came first.
+async fn wait_for_schema(pool: &sqlx::PgPool, health: &health::Health, mut shutdown: watch::Receiver<bool>) -> bool {
+    let mut told = Vec::new();
+    loop {
+        match migrations::missing(pool).await {
+            Ok(missing) if missing.is_empty() => break,
+            Ok(missing) => {
+                health.schema_behind(true);
+                if missing != told {
+                    tracing::error!(
+                        ?missing,
+                        "the database lacks migrations this version uses; waiting for `intake-writer migrate`"
+                    );
+                    told = missing;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the database's migrations could not be read; starting");
+                break;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.changed() => return false,
+        }
+    }
+    if !told.is_empty() {
+        tracing::info!("the database has every migration this version uses; starting");
+    }
+    health.schema_behind(false);
+    true
+}
+
 async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
         Command::Migrate { database, contract, through } => {
@@ -376,7 +413,9 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 wait_bound: Duration::from_millis(workspace_wait_bound_ms),
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
-            consume::run(pool, settings, health, shutdown).await?;
+            if wait_for_schema(&pool, &health, shutdown.clone()).await {
+                consume::run(pool, settings, health, shutdown).await?;
+            }
             Ok(json!({ "stopped": true }))
         }
         Command::Topics {

@@ -53,16 +53,34 @@ fn selected(stage: Stage, applied: &[i64], through: Option<i64>) -> (Vec<(i64, &
 /// Applies `stage`'s migrations, none past `through`; returns the versions that wait for
 /// `--contract`.
 pub async fn run(pool: &PgPool, stage: Stage, through: Option<i64>) -> anyhow::Result<Vec<i64>> {
-    let migrated: bool =
-        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
-    let applied: Vec<i64> = if stage == Stage::Expand && migrated {
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await?
-    } else {
-        Vec::new()
+    let applied = match stage {
+        Stage::Expand => applied(pool).await?,
+        Stage::Contract => Vec::new(),
     };
     let (migrations, waiting) = selected(stage, &applied, through);
     migrator_of(&migrations).run(pool).await?;
     Ok(waiting)
+}
+
+/// The versions of this build's expand migrations, the schema its statements use, that the
+/// database has not applied (all of them on a database never migrated).
+pub async fn missing(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+    let applied = applied(pool).await?;
+    Ok(MIGRATIONS
+        .iter()
+        .filter(|&&(version, _, sql)| !is_contract(sql) && !applied.contains(&version))
+        .map(|&(version, _, _)| version)
+        .collect())
+}
+
+/// The versions the database has applied (none if it was never migrated).
+async fn applied(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+    let migrated: bool =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+    if !migrated {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(pool).await
 }
 
 fn migrator_of(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {

@@ -35,6 +35,7 @@ fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
             Err(reason) => {
                 let reason = match reason {
                     NotReady::ShuttingDown => "shutting_down",
+                    NotReady::SchemaBehind => "schema_behind",
                     NotReady::NotInGroup => "not_in_group",
                     NotReady::Stalled => "stalled",
                     NotReady::WorkspaceHeld => "workspace_held",
