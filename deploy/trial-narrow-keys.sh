@@ -27,31 +27,7 @@ work="$(mktemp -d)"
 (cd "$REPO" && cargo build --release -q -p intake-writer)
 "$writer" migrate --contract --through 35 >/dev/null
 say "loading $rows"
-indexes="$(sql -c "SELECT string_agg(indexdef, '; ') FROM pg_indexes WHERE tablename = 'conversions'
-                   AND indexname NOT IN (SELECT conname FROM pg_constraint)")"
-for name in $(sql -c "SELECT indexname FROM pg_indexes WHERE tablename = 'conversions'
-                      AND indexname NOT IN (SELECT conname FROM pg_constraint)"); do
-    sql -c "DROP INDEX $name"
-done
-sql -c "INSERT INTO workspaces (id, name, project_id)
-            SELECT 'ws_' || lpad(w::text, 26, '0'), 'w', 'p' FROM generate_series(0, 999) w" \
-    -c "SET session_replication_role = replica" \
-    -c "INSERT INTO chains (id, workspace_id)
-            SELECT 'chn_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0')
-            FROM generate_series(1, $rows) g WHERE g % 3 <> 0" \
-    -c "INSERT INTO conversions (id, workspace_id, event, external_id, parent_external_id, chain_id,
-            occurred_at, visitor_id, click_id, contact_id, email_sha256, phone_sha256,
-            address_sha256, country, value, currency, tags, created_at)
-        SELECT 'cnv_' || lpad(to_hex(g), 26, '0'), 'ws_' || lpad((g % 1000)::text, 26, '0'),
-            CASE WHEN g % 3 = 0 THEN 'purchase' ELSE 'lead' END, 'ext-' || g,
-            CASE WHEN g % 3 = 0 THEN 'ext-' || (g - 1) END,
-            'chn_' || lpad(to_hex(CASE WHEN g % 3 = 0 THEN g - 1 ELSE g END), 26, '0'),
-            now() - make_interval(secs => ($rows - g) * 31536000.0 / $rows), 'v' || md5(g::text), 'c' || g,
-            'ct' || g, encode(sha256(('e' || g)::bytea), 'hex'), encode(sha256(('p' || g)::bytea), 'hex'),
-            encode(sha256(('a' || g)::bytea), 'hex'), 'DE', g % 1000, 'EUR', '[\"crm\"]',
-            now() - make_interval(secs => ($rows - g) * 31536000.0 / $rows)
-        FROM generate_series(1, $rows) g"
-sql -c "SET maintenance_work_mem = '512MB'" -c "$indexes"
+load_year_of_conversions "$db" "$rows"
 "$writer" migrate --contract >/dev/null
 sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (FREEZE, ANALYZE) chains" -c "CHECKPOINT"
 
