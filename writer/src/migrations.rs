@@ -66,11 +66,8 @@ pub async fn run(pool: &PgPool, stage: Stage, through: Option<i64>) -> anyhow::R
 /// database has not applied (all of them on a database never migrated).
 pub async fn missing(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
     let applied = applied(pool).await?;
-    Ok(MIGRATIONS
-        .iter()
-        .filter(|&&(version, _, sql)| !is_contract(sql) && !applied.contains(&version))
-        .map(|&(version, _, _)| version)
-        .collect())
+    let (expand, _) = selected(Stage::Expand, &applied, None);
+    Ok(expand.into_iter().map(|(version, _, _)| version).filter(|version| !applied.contains(version)).collect())
 }
 
 /// The versions the database has applied (none if it was never migrated).
