@@ -31,15 +31,18 @@
 #                                   one slower by more than 10 % (exit status 3), also into
 #                                   bench/baseline-<REV>-<time>/comparison.md. No scale runs,
 #                                   runs at size or profile unless their variables ask for them.
-#   deploy/bench.sh --ha [--seconds N]
-#                                   the cost of synchronous replication (about 5 minutes):
+#   deploy/bench.sh --ha [--seconds N] [--sizes 1000000,10000000]
+#                                   the cost of synchronous replication (about 15 minutes):
 #                                   batch_ingest, single_32 and single_200rps on the single node,
 #                                   then on the HA layout of deploy/ha.sh (etcd x3, Patroni and
 #                                   PostgreSQL x3 in synchronous_mode_strict, HAProxy), started
 #                                   for them in $INTAKE_HOME/bench-ha on ports 31400-31455 with
 #                                   the single node's shared_buffers, stopped and removed after;
-#                                   the report's "Synchronous replication (HA layout)" has both
-#                                   and HA / single for throughput, p50 and p99. Nothing else runs.
+#                                   then the runs at size (default 1 M; 10 M need about 45 GB
+#                                   free, three copies) on both, uncapped, the single node's on
+#                                   the shared server. The report's "Synchronous replication (HA
+#                                   layout)" has both and HA / single for throughput, p50 and
+#                                   p99. Nothing else runs.
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_SCENARIOS=batch_ingest,single_32 for only those, ... see
@@ -235,7 +238,7 @@ while [ $# -gt 0 ]; do
         --baseline) baseline="$2"; shift ;;
         --rounds) rounds="$2"; shift ;;
         --ha) ha=1 ;;
-        -h|--help) sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) say "unknown option $1 (see --help)"; exit 2 ;;
     esac
     shift
@@ -251,7 +254,8 @@ if [ "$ha" = 1 ]; then
     # The scenarios compared and nothing else; the load generator starts the layout after the
     # single node's runs, so that its idle processes do not run beside them.
     export INTAKE_BENCH_SCENARIOS="${INTAKE_BENCH_SCENARIOS:-batch_ingest,single_32,single_200rps}" \
-        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-0}" \
+        INTAKE_BENCH_SCALE="${INTAKE_BENCH_SCALE:-0}" INTAKE_BENCH_SIZES="${INTAKE_BENCH_SIZES:-1000000}" \
+        INTAKE_BENCH_MEMORY_MIB="${INTAKE_BENCH_MEMORY_MIB:-0}" \
         INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-0}" \
         INTAKE_BENCH_HA_DIR="${INTAKE_BENCH_HA_DIR:-$INTAKE_HOME/bench-ha}" \
         INTAKE_BENCH_HA_BASE_PORT="${INTAKE_BENCH_HA_BASE_PORT:-31400}"

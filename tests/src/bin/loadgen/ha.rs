@@ -1,9 +1,10 @@
 //! The cost of synchronous replication: batch_ingest, single_32 and single_200rps, after their
 //! runs on the single node, again on the HA layout of PostgreSQL (deploy/ha.sh: three etcd
 //! members, three PostgreSQL nodes under Patroni in `synchronous_mode_strict` with one
-//! synchronous standby, HAProxy as the primary's address), on a stack of their own. Every
-//! commit on the layout returns once the synchronous standby has flushed its WAL: one more
-//! round trip and one more fsync per commit than on the single node.
+//! synchronous standby, HAProxy as the primary's address), on a stack of their own; then the
+//! runs at size (sized.rs) on a database loaded through the primary. Every commit on the
+//! layout returns once the synchronous standby has flushed its WAL: one more round trip and one
+//! more fsync per commit than on the single node.
 //!
 //! The layout is started here, after the single node's runs, and stopped with its directory
 //! removed before the report, so that neither side runs beside the other's idle processes
@@ -12,9 +13,10 @@
 //! deploy/ha/'s, and the report lists each one in which the two servers differ.
 
 use crate::machine::Roles;
-use crate::{say, Config, Plans, Scenario};
+use crate::{say, sized, Config, Plans, Scenario};
 use intake_tests::serde_json::{json, Map, Value};
 use intake_tests::TestKey;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgPool};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -233,6 +235,8 @@ async fn on_layout(
     let differing = settings_differing(single_db, &db).await?;
     drop(stack);
     db.close().await;
+    let (at_size, sized) = at_sizes(config, layout, &layout_roles, &standbys).await?;
+    scenarios.extend(at_size);
     Ok((
         scenarios,
         json!({
@@ -245,8 +249,50 @@ async fn on_layout(
                 .collect::<Vec<_>>(),
             "wal_archive": false,
             "settings_differing": differing,
+            "sized": sized,
         }),
     ))
+}
+
+/// The runs at size of the single node (sized.rs) again on the layout, at each of its sizes:
+/// the data loaded through the primary (its standbys replaying it as it goes), then every
+/// scenario at that size. The database goes with the layout's directory.
+async fn at_sizes(
+    config: &Config,
+    layout: &Layout,
+    roles: &Roles,
+    standbys: &[String],
+) -> anyhow::Result<(Vec<(&'static str, Scenario)>, Vec<Value>)> {
+    if config.sizes.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let server = layout.server_url();
+    let admin = PgPoolOptions::new().max_connections(2).connect(&format!("{server}/postgres")).await?;
+    let bin_dir = intake_tests::env("INTAKE_BIN_DIR");
+    let mut preloaded = sized::Preloaded::create(&admin, &server, &config.sized_database, &bin_dir, 3).await?;
+    let (mut scenarios, mut rows) = (Vec::new(), Vec::new());
+    for &size in &config.sizes {
+        say(&format!("on the HA layout: loading to {size} conversions (COPY, indexes after)"));
+        let load = preloaded.grow_to(size).await?;
+        say(&format!("loaded on the HA layout: {load}"));
+        let bytes = crate::capped::bytes_per_conversion(&preloaded.db, "conversions")
+            .await
+            .unwrap_or_else(|e| json!({ "failed": e.to_string() }));
+        let (measured, extra) =
+            sized::scenarios_at(config, &preloaded, roles, size, sized::Setting::Ha { standbys }).await?;
+        scenarios.extend(measured);
+        rows.push(json!({
+            "size": size,
+            "label": sized::label(size),
+            "load": load,
+            "bytes_per_conversion": bytes,
+            "erase": extra["erase"],
+            "wal_per_item": extra["wal_per_item"],
+        }));
+    }
+    preloaded.db.close().await;
+    admin.close().await;
+    Ok((scenarios, rows))
 }
 
 /// Each standby's own write-back of what it replayed (a restartpoint, at the primary's last

@@ -806,7 +806,7 @@ async fn at_size(
             config.sizes.iter().filter(|&&s| capped_at(s)).collect::<Vec<_>>()
         ))
     ));
-    let mut preloaded = sized::Preloaded::create(&admin, server, name, &intake_tests::env("INTAKE_BIN_DIR")).await?;
+    let mut preloaded = sized::Preloaded::create(&admin, server, name, &intake_tests::env("INTAKE_BIN_DIR"), 1).await?;
     let mut rows = Vec::new();
     let mut outcome = Ok(());
     for &size in &config.sizes {
@@ -839,7 +839,8 @@ async fn at_size(
                 }
                 say(&format!("PostgreSQL capped at {} MiB (page cache included)", cluster.budget_bytes >> 20));
             }
-            let measured = sized::scenarios_at(config, &preloaded, &infrastructure, size, capped).await;
+            let setting = capped.map_or(sized::Setting::Uncapped, sized::Setting::Capped);
+            let measured = sized::scenarios_at(config, &preloaded, &infrastructure, size, setting).await;
             if let Some(cluster) = capped {
                 let _ = cluster.uncap();
             }

@@ -714,7 +714,7 @@ impl HaRow {
     }
 }
 
-/// Per scenario run on both: throughput, p50, p99, the writer's time per group (one
+/// Per scenario run on both (on empty tables, then at each size): throughput, p50, p99, the writer's time per group (one
 /// transaction, its commit included) and PostgreSQL's cores (on the layout, its three nodes').
 fn ha_rows(run: &Run) -> Vec<HaRow> {
     let find = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
@@ -722,8 +722,9 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
     let postgresql = |s: &Scenario| round2(field(&s.cores, "postgresql") + field(&s.cores, "postgresql standbys"));
     let per_group = |s: &Scenario| s.writer.as_ref().map_or(0.0, |w| field(w, "mean_apply_ms_per_group"));
     let mut rows = Vec::new();
-    for scenario in crate::ha::SCENARIOS {
-        let (Some(single), Some(ha)) = (find(scenario), find(crate::ha::ha_name(scenario))) else { continue };
+    for (scenario, single) in &run.scenarios {
+        let Some(ha) = find(&format!("{scenario}_ha")) else { continue };
+        let scenario: &'static str = scenario;
         let (key, label) = match single.counted {
             Counted::Items => ("items_per_s", "items/s"),
             Counted::Requests => ("requests_per_s", "requests/s"),
@@ -736,7 +737,10 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
             ("apply_ms_per_group", "writer ms a group (one transaction)", per_group(single), per_group(ha)),
             ("postgresql_cores", "PostgreSQL cores", postgresql(single), postgresql(ha)),
         ] {
-            rows.push(HaRow { scenario, key, label, single, ha });
+            // The baselines have no writer, and so no time a group.
+            if single > 0.0 || ha > 0.0 {
+                rows.push(HaRow { scenario, key, label, single, ha });
+            }
         }
     }
     rows
@@ -785,6 +789,23 @@ fn ha_section(md: &mut String, run: &Run) {
         layout["shared_buffers_per_node"].as_str().unwrap_or("?"),
     );
     let _ = writeln!(md, "{}.\n", machine_line(&run.machine));
+    for size in layout["sized"].as_array().into_iter().flatten() {
+        let load = &size["load"];
+        let _ = writeln!(
+            md,
+            "At {}: loaded through the primary in {} s ({} GiB a node, {} s of it COPY, {} s indexes, {} s vacuum and checkpoint); the erasure held its lock {} ms; WAL {} bytes an item of batch_ingest; bytes a conversion: heap {}, indexes {}.\n",
+            size["label"].as_str().unwrap_or("?"),
+            load["total_s"],
+            load["database_gib"],
+            load["copy_s"],
+            load["indexes_s"],
+            load["vacuum_s"],
+            size["erase"]["lock_held_ms"],
+            size["wal_per_item"]["batch_ingest_bytes"],
+            size["bytes_per_conversion"]["heap_bytes"],
+            size["bytes_per_conversion"]["index_bytes"],
+        );
+    }
     let _ = writeln!(md, "| scenario | metric | single node | HA | HA / single |\n|---|---|---|---|---|");
     for row in ha_rows(run) {
         let _ = writeln!(

@@ -85,11 +85,20 @@ pub struct Preloaded {
     pub keys: Vec<TestKey>,
     /// Conversions per workspace, as loaded so far.
     pub loaded: Vec<u64>,
+    /// The servers on this disk that each hold a copy of what is loaded (the HA layout's nodes).
+    copies: u64,
 }
 
 impl Preloaded {
-    /// A fresh database `name` with the schema, the workspaces and their keys.
-    pub async fn create(admin: &PgPool, server: &str, name: &str, bin_dir: &str) -> anyhow::Result<Preloaded> {
+    /// A fresh database `name` with the schema, the workspaces and their keys, on a server
+    /// whose data `copies` servers on this disk hold.
+    pub async fn create(
+        admin: &PgPool,
+        server: &str,
+        name: &str,
+        bin_dir: &str,
+        copies: u64,
+    ) -> anyhow::Result<Preloaded> {
         sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(admin).await?;
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin).await?;
         let url = format!("{server}/{name}");
@@ -146,14 +155,14 @@ impl Preloaded {
             .collect();
         spread.sort_by(|a, b| a.0.cmp(&b.0));
         let spread: Vec<TestKey> = spread.into_iter().map(|(_, k)| k).collect();
-        Ok(Preloaded { url, db, keys: spread, loaded: vec![0; WORKSPACES] })
+        Ok(Preloaded { url, db, keys: spread, loaded: vec![0; WORKSPACES], copies })
     }
 
     /// Grows the data to `total` conversions (and as many visits).
     pub async fn grow_to(&mut self, total: u64) -> anyhow::Result<Value> {
         let target = shares(total);
         let rows: u64 = target.iter().zip(&self.loaded).map(|(t, l)| t.saturating_sub(*l)).sum();
-        check_disk(&self.db, rows).await?;
+        check_disk(&self.db, rows * self.copies).await?;
         let started = Instant::now();
         let mut conn = PgConnection::connect(&self.url).await?;
         // COPY into tables without their secondary indexes, foreign-key triggers off.
@@ -381,21 +390,58 @@ impl<'a> Proof<'a> {
     }
 }
 
-/// Every scenario at one size, on a stack of its own over the preloaded database; under the
-/// memory budget of `capped` when given (the scenarios' names end in `_capped`, and each says
-/// what it read and held). Returns the scenarios, and the erasure, the WAL written per item and
-/// what the capped scenarios read.
+/// Where the scenarios at a size run.
+#[derive(Clone, Copy)]
+pub enum Setting<'a> {
+    /// The single node as it is.
+    Uncapped,
+    /// The single node's cluster under its memory budget: the scenarios' names end in
+    /// `_capped`, and each says what it read and held.
+    Capped(&'a Cluster),
+    /// The HA layout (ha.rs): the names end in `_ha`, and the standbys' servers (their URLs)
+    /// are checkpointed whenever the primary is settled.
+    Ha { standbys: &'a [String] },
+}
+
+impl<'a> Setting<'a> {
+    fn suffix(self) -> &'static str {
+        match self {
+            Setting::Uncapped => "",
+            Setting::Capped(_) => "_capped",
+            Setting::Ha { .. } => "_ha",
+        }
+    }
+
+    fn cluster(self) -> Option<&'a Cluster> {
+        match self {
+            Setting::Capped(cluster) => Some(cluster),
+            _ => None,
+        }
+    }
+
+    fn standbys(self) -> &'a [String] {
+        match self {
+            Setting::Ha { standbys } => standbys,
+            _ => &[],
+        }
+    }
+}
+
+/// Every scenario at one size, on a stack of its own over the preloaded database, in `setting`.
+/// Returns the scenarios, and the erasure, the WAL written per item and what the capped
+/// scenarios read.
 pub async fn scenarios_at(
     config: &crate::Config,
     preloaded: &Preloaded,
     infrastructure: &Roles,
     size: u64,
-    capped: Option<&Cluster>,
+    setting: Setting<'_>,
 ) -> anyhow::Result<(Vec<(&'static str, Scenario)>, Value)> {
-    let suffix = if capped.is_some() { "_capped" } else { "" };
+    let suffix = setting.suffix();
+    let capped = setting.cluster();
     let name =
         |scenario: &str| -> &'static str { Box::leak(format!("{scenario}_{}{suffix}", label(size)).into_boxed_str()) };
-    let tag = format!("{}{}", label(size), if capped.is_some() { ", capped" } else { "" });
+    let tag = format!("{}{}", label(size), suffix.replace('_', ", "));
     let duration = Duration::from_secs(config.seconds);
     let stack = start_stack_on(config.gateways, config.writers, Some(preloaded.url.clone())).await;
     let roles = crate::roles_of(&stack, infrastructure);
@@ -414,6 +460,7 @@ pub async fn scenarios_at(
     scenarios.push((name("pg_upsert"), upsert));
     scenarios.push((name("pg_upsert_v1"), v1));
     crate::settle(&preloaded.url).await?;
+    crate::ha::checkpoint_standbys(&preloaded.url, setting.standbys()).await?;
     crate::warm_singles(
         &crate::targets(&stack),
         config.rate,
