@@ -109,43 +109,61 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
 
 /// A request message as the gateways wrote it before the storage migrations, frozen here as
 /// text: those migrations change keys and indexes, not the messages, so the requests topic
-/// (24 h) and the dead letters (14 days) written before a migration replay into the new shape,
-/// and what they store is found by the new look-ups (deploy/RUNBOOK.md, "Schema migrations").
+/// (24 h) and the dead letters (14 days, the same message) written before a migration replay
+/// into the new shape, and what they store is found by the new look-ups (deploy/RUNBOOK.md,
+/// "Schema migrations").
+fn pre_migration_message(ws: &str, external_id: &str, email_sha256: &str) -> String {
+    let now = now_ms();
+    format!(
+        r#"{{"v":"1","correlation_id":"c-{external_id}","reply_partition":0,"deadline_ms":{deadline},"received_at_ms":{now},"workspace_id":"{ws}","items":[{{"event":"lead","external_id":"{external_id}","occurred_at_ms":{occurred},"contact_id":"crm-1","email_sha256":"{email_sha256}","value":"12.5","currency":"EUR"}}]}}"#,
+        deadline = now + 10_000,
+        occurred = now - 3_600_000,
+    )
+}
+
 #[tokio::test]
-async fn a_request_message_written_before_the_storage_migrations_replays_into_their_shape() {
+async fn request_messages_and_dead_letters_written_before_the_storage_migrations_replay_into_their_shape() {
     // No writer: the message waits in the topic, as after an outage, until replay applies it.
     let stack = Stack::start_with(StackOptions { start_writer: false, ..Default::default() }).await;
     let key = stack.workspace();
     let ws = key.workspace_id.clone();
-    let external_id = format!("pre-migration-{}", ulid::Ulid::new());
-    let now = now_ms();
     // The digest of ann@example.com, as the gateway hashed it.
     let email_sha256 = "71d4f55f72fa128dfb468a1a3901507c804b74316488744d769d7f4b16696476";
-    let message = format!(
-        r#"{{"v":"1","correlation_id":"c-{external_id}","reply_partition":0,"deadline_ms":{deadline},"received_at_ms":{now},"workspace_id":"{ws}","items":[{{"event":"lead","external_id":"{external_id}","occurred_at_ms":{occurred},"contact_id":"crm-1","email_sha256":"{email_sha256}","value":"12.5","currency":"EUR"}}]}}"#,
-        deadline = now + 10_000,
-        occurred = now - 3_600_000,
-    );
-    produce_payload(&format!("{}.requests", stack.topic_prefix), &ws, message.as_bytes()).await;
+    let from_requests = format!("pre-migration-{}", ulid::Ulid::new());
+    let from_dead_letters = format!("pre-migration-dlq-{}", ulid::Ulid::new());
+    let requests = format!("{}.requests", stack.topic_prefix);
+    let dead_letters = format!("{}.requests.dlq", stack.topic_prefix);
+    produce_payload(&requests, &ws, pre_migration_message(&ws, &from_requests, email_sha256).as_bytes()).await;
+    produce_payload(&dead_letters, &ws, pre_migration_message(&ws, &from_dead_letters, email_sha256).as_bytes()).await;
 
+    let mut applied_one =
+        json!({"messages": 1, "applied": 1, "already_applied": 0, "failed": 0, "expired": 0, "request_failed": 0});
     let replayed =
         stack.run_writer_command(&["replay", "--from-time", &minute_ago()]).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(
-        replayed,
-        json!({"messages": 1, "applied": 1, "already_applied": 0, "failed": 0, "expired": 0, "request_failed": 0})
-    );
+    assert_eq!(replayed, applied_one, "the requests topic");
+    let redriven = stack
+        .run_writer_command(&["replay", "--topic", &dead_letters, "--from-time", &minute_ago()])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // A dead letter never overwrites a newer write of its conversion; there was none.
+    applied_one["kept_newer"] = json!(0);
+    assert_eq!(redriven, applied_one, "the dead letters");
     let db = database().await;
-    let stored =
-        stored_fields(&db, &ws, "lead", &external_id, &["email_sha256", "contact_id", "value", "currency"]).await;
-    assert_eq!(stored, Some([email_sha256, "crm-1", "12.5", "EUR"].map(|v| Some(v.to_owned())).to_vec()));
+    for external_id in [&from_requests, &from_dead_letters] {
+        let stored =
+            stored_fields(&db, &ws, "lead", external_id, &["email_sha256", "contact_id", "value", "currency"]).await;
+        let expected = [email_sha256, "crm-1", "12.5", "EUR"].map(|v| Some(v.to_owned())).to_vec();
+        assert_eq!(stored, Some(expected), "{external_id}");
+    }
 
-    // Erasure finds it through the month-led index on the email's digest.
+    // Erasure finds both through the month-led index on the email's digest.
     let erased = stack
         .run_writer_command_with_input(&["erase", "--workspace", &ws, "--email"], "ann@example.com\n")
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(erased, json!({"conversions": 1, "visits": 0}));
-    let after = stored_fields(&db, &ws, "lead", &external_id, &["email_sha256"]).await;
-    assert_eq!(after, Some(vec![None]), "the digest erased");
+    assert_eq!(erased, json!({"conversions": 2, "visits": 0}));
+    for external_id in [&from_requests, &from_dead_letters] {
+        let after = stored_fields(&db, &ws, "lead", external_id, &["email_sha256"]).await;
+        assert_eq!(after, Some(vec![None]), "{external_id}: the digest erased");
+    }
 }
 
 #[tokio::test]
