@@ -37,7 +37,7 @@ use intake_tests::{Stack, StackOptions, TestKey};
 use machine::Roles;
 use measure::{closed_loop, open_loop, ClosedPlan, Counted, Expect, Measured, OpenPlan};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -209,6 +209,14 @@ async fn main() {
         print_sample(args.get(1).map(String::as_str).unwrap_or("batch"));
         return;
     }
+    if args.first().map(String::as_str) == Some("plot") {
+        // The plot of a report.json again, beside it (after a change to the plot alone).
+        if let Err(error) = redraw(Path::new(args.get(1).map_or("bench/report.json", String::as_str))) {
+            eprintln!("loadgen plot: {error:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let work = async {
         match args.first().map(String::as_str) {
             Some("singles") => singles(Config::from_env(), &args[1..]).await,
@@ -238,6 +246,15 @@ async fn stop_signal() -> &'static str {
         _ = terminate.recv() => "SIGTERM",
         _ = interrupt.recv() => "SIGINT",
     }
+}
+
+fn redraw(report_json: &Path) -> anyhow::Result<()> {
+    let report: Value = intake_tests::serde_json::from_str(&std::fs::read_to_string(report_json)?)?;
+    let sized = report["sized"].as_array().cloned().unwrap_or_default();
+    let out = report_json.with_file_name("throughput_by_size.svg");
+    plot::draw(&report, &sized, &out)?;
+    say(&format!("drew {}", out.display()));
+    Ok(())
 }
 
 fn print_sample(kind: &str) {
