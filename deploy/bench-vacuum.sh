@@ -7,15 +7,25 @@
 # at 200 a second. Prints, per fillfactor: updates/s and their p50/p99, the share of HOT
 # updates (no index entry written), WAL and index bytes per update, the vacuum's time and
 # index scans, and the p99 of the 200/s upserts without and during that vacuum.
+# Then autovacuum as it runs in service, for PostgreSQL's defaults and for the settings of the
+# migrations (fillfactor 90, the vacuum at 1 % of dead and 2 % of inserted rows): a copy loaded
+# as above, autovacuum on, and for INTAKE_VACUUM_AUTO_SECONDS re-sends at 1,000 updates a second
+# and new conversions at 2,000 a second (a batch sender's), while single upserts arrive at 200
+# a second; prints how often autovacuum ran on the table, for how long, its index passes, and
+# the single upserts' p99 and longest, all of them and those that ended while it ran.
 #
-#   deploy/bench-vacuum.sh                      1 M rows, fillfactor 100 and 90, 30 s of updates
+#   deploy/bench-vacuum.sh                      1 M rows, fillfactor 100 and 90, 30 s of updates;
+#                                               autovacuum 240 s a setting
 #   INTAKE_VACUUM_ROWS=10000000 INTAKE_VACUUM_FILLFACTORS=100,90,80 INTAKE_VACUUM_SECONDS=60 deploy/bench-vacuum.sh
+#   INTAKE_VACUUM_AUTO="" deploy/bench-vacuum.sh   without the autovacuum runs
 #
 # Needs PostgreSQL (started if it is not running) and the writer binary for the migrations.
 # Uses the database intake_bench_vacuum (dropped and created again). Writes bench/vacuum.md.
 source "$(dirname "$0")/lib.sh"
 
 rows="${INTAKE_VACUUM_ROWS:-1000000}"
+auto_settings="${INTAKE_VACUUM_AUTO-defaults,migrations}"
+auto_seconds="${INTAKE_VACUUM_AUTO_SECONDS:-240}"
 seconds="${INTAKE_VACUUM_SECONDS:-30}"
 fillfactors="${INTAKE_VACUUM_FILLFACTORS:-100,90}"
 db=intake_bench_vacuum
@@ -37,9 +47,15 @@ percentiles() {
     local from="$1" to="$2"
     shift 2
     cat "$@" | awk -v from="$from" -v to="$to" '{ t = $5 + $6 / 1e6 } to == 0 || (t >= from && t <= to) { print $3 }' \
-        | sort -n | awk '{ v[NR] = $1 } END {
-            if (NR == 0) { print "- -"; exit }
-            printf "%.2f %.2f\n", v[int(NR * 0.5) + 1] / 1000, v[int(NR * 0.99) + 1] / 1000 }'
+        | quantiles
+}
+# p50, p99 and the largest in ms of latencies in µs on standard input, the last when $1 is "max".
+quantiles() {
+    sort -n | awk -v max="${1:-}" '{ v[NR] = $1 } END {
+        if (NR == 0) { print (max ? "- - -" : "- -"); exit }
+        printf "%.2f %.2f", v[int(NR * 0.5) + 1] / 1000, v[int(NR * 0.99) + 1] / 1000
+        if (max) printf " %.2f", v[NR] / 1000
+        printf "\n" }'
 }
 calc() { awk "BEGIN { printf \"%.${2:-0}f\", $1 }"; }
 
@@ -63,7 +79,7 @@ load() {
 }
 
 # A re-sent conversion with a new value: the columns the writer's upsert sets on a conflict,
-# each indexed one to the value it has. Rows drawn from the whole table, so that most are
+# each indexed one to the value it has; the row found by the unique key, as the upsert finds it. Rows drawn from the whole table, so that most are
 # updated once (a deal's value set when it closes): the first update of a row is the one that
 # needs room on its page; later ones find the room its earlier versions leave when pruned.
 cat >"$work/update.sql" <<SQL
@@ -71,7 +87,8 @@ cat >"$work/update.sql" <<SQL
 UPDATE :table SET value = value + 1, tags = tags, chain_id = chain_id, visitor_id = visitor_id,
     contact_id = contact_id, email_digest = email_digest, phone_digest = phone_digest,
     parent_external_id = parent_external_id, updated_at = now()
-WHERE workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
+WHERE hashtextextended(workspace_id, 0) = hashtextextended('ws_' || lpad((:g % 1000)::text, 26, '0'), 0)
+    AND workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
     AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END;
 SQL
 # A new single conversion, as single_200rps sends them.
@@ -135,6 +152,74 @@ for ff in ${fillfactors//,/ }; do
         "$up50 / $up99 | $(calc "100 * ($hot1 - $hot0) / $updates" 1) % | $(calc "$wal / $updates") |" \
         "$(calc "($index1 - $index0) / $updates") | $(calc "$ended - $started" 1) | ${scans:-?} |" \
         "$before99 / $during99 |" >>"$report"
+    sql -c "DROP TABLE $table"
+done
+
+# Autovacuum in service: the same load, for each setting, with PostgreSQL's own naptime. A
+# sampler records, every half second, whether a vacuum of the table runs and its index passes.
+cat >"$work/resend.sql" <<SQL
+\set g random(1, $rows)
+UPDATE :table SET value = value + 1, updated_at = now()
+WHERE hashtextextended(workspace_id, 0) = hashtextextended('ws_' || lpad((:g % 1000)::text, 26, '0'), 0)
+    AND workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
+    AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END;
+SQL
+sample_vacuum() { # TABLE FILE: "epoch index_vacuum_count" while a vacuum of TABLE runs
+    while :; do
+        sql -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()), index_vacuum_count
+                         FROM pg_stat_progress_vacuum WHERE relid = '$1'::regclass" >>"$2" 2>/dev/null
+        sleep 0.5
+    done
+}
+if [ -n "$auto_settings" ]; then
+    {
+        echo
+        echo "## Autovacuum in service"
+        echo
+        echo "$rows rows loaded and frozen; for $auto_seconds s, re-sends (an update of a stored row's value) at 1,000 a second and new conversions at 2,000 a second, single upserts at 200 a second measured; autovacuum on, PostgreSQL's naptime ($(sql -c 'SHOW autovacuum_naptime')). \"while it ran\": the single upserts that ended while a vacuum of the table ran (sampled every 0.5 s)."
+        echo
+        echo "| setting | autovacuum runs | seconds vacuuming | index passes | HOT updates | single upserts p50 / p99 / max ms | while it ran: n, p99 / max ms |"
+        echo "|---|---|---|---|---|---|---|"
+    } >>"$report"
+fi
+for setting in ${auto_settings//,/ }; do
+    table="conv_auto_$setting"
+    case "$setting" in
+        defaults) ff=100; options="autovacuum_enabled = true" ;;
+        migrations) ff=90; options="autovacuum_enabled = true, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.02" ;;
+        *) say "unknown autovacuum setting $setting (defaults, migrations)"; exit 2 ;;
+    esac
+    say "autovacuum, $setting: loading $rows rows"
+    load "$table" "$ff"
+    sql -c "ALTER TABLE $table SET ($options)"
+    read -r upd0 hot0 av0 <<<"$(sql -F ' ' -c "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count FROM pg_stat_user_tables WHERE relname = '$table'")"
+    : >"$work/vacuum-$setting.txt"
+    sample_vacuum "$table" "$work/vacuum-$setting.txt" &
+    sampler=$!
+    say "autovacuum, $setting: $auto_seconds s of re-sends, new conversions and single upserts"
+    run_pgbench "auto-resend-$setting" "$table" -c 2 -j 1 -R 1000 -T "$auto_seconds" -f "$work/resend.sql" &
+    resend=$!
+    run_pgbench "auto-new-$setting" "$table" -c 2 -j 1 -R 2000 -T "$auto_seconds" -f "$work/insert.sql" &
+    new=$!
+    run_pgbench "auto-single-$setting" "$table" -c 2 -j 1 -R 200 -T "$auto_seconds" -f "$work/insert.sql"
+    wait "$resend" "$new"
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
+    sql -c "SELECT pg_stat_force_next_flush()" >/dev/null
+    read -r upd1 hot1 av1 <<<"$(sql -F ' ' -c "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count FROM pg_stat_user_tables WHERE relname = '$table'")"
+    # The sampled instants of a vacuum: its seconds (0.5 each), and the index passes of each run
+    # (a run's count at its last sample; a new run starts when the count falls or a gap opens).
+    read -r vacuum_s passes <<<"$(awk '{ if (NR > 1 && ($1 - t > 1.5 || $2 < c)) sum += c; t = $1; c = $2; n++ }
+        END { printf "%.1f %d\n", n * 0.5, sum + c }' "$work/vacuum-$setting.txt")"
+    read -r p50 p99 max <<<"$(cat "$work/auto-single-$setting"/tx* | awk '{ print $3 }' | quantiles max)"
+    # Single upserts that ended within half a second of a sample of a running vacuum.
+    during="$(awk 'NR == FNR { at[NR] = $1; n = NR; next }
+        { t = $5 + $6 / 1e6; for (i = 1; i <= n; i++) if (t >= at[i] - 0.5 && t <= at[i] + 0.5) { print $3; break } }' \
+        "$work/vacuum-$setting.txt" "$work/auto-single-$setting"/tx*)"
+    count="$(printf '%s' "$during" | grep -c . || true)"
+    read -r _ d99 dmax <<<"$(printf '%s\n' "$during" | grep . | quantiles max)"
+    echo "| $setting (fillfactor $ff) | $((av1 - av0)) | $vacuum_s | $passes |" \
+        "$(calc "100 * ($hot1 - $hot0) / ($upd1 - $upd0 + 1)" 1) % | $p50 / $p99 / $max | $count, $d99 / $dmax |" >>"$report"
     sql -c "DROP TABLE $table"
 done
 cat "$report"
