@@ -165,30 +165,103 @@ const INSERT_WITH_EMAIL: &str = concat!(
 
 const STORED: i64 = 30_000;
 
-/// A database several versions behind (at 0005, the schema of a version before every rollout
-/// here) takes every version's additions in one `migrate`: the binaries of its own version and
-/// this version's then both write, each to the same rows, until `--contract`.
-#[tokio::test]
+/// The rows of the version of 0005 as they stand: 20,000 conversions in 10,000 chains (a lead
+/// and the purchase whose parent it is), one visit each and its match; every value a row has.
+const POPULATE_AT_0005: [&str; 4] = [
+    "INSERT INTO chains (id, workspace_id)
+     SELECT 'chn_p' || lpad(g::text, 6, '0'), 'ws_rollout' FROM generate_series(1, 10000) AS g",
+    "INSERT INTO conversions (id, workspace_id, event, external_id, parent_external_id, chain_id, occurred_at,
+                              visitor_id, contact_id, email_sha256, phone_sha256, value, currency)
+     SELECT 'cnv_p' || lpad(g::text, 6, '0'), 'ws_rollout', CASE WHEN g % 2 = 0 THEN 'purchase' ELSE 'lead' END,
+            'P' || g, CASE WHEN g % 2 = 0 THEN 'P' || (g - 1) END, 'chn_p' || lpad(((g + 1) / 2)::text, 6, '0'),
+            now() - make_interval(mins => g), 'v' || g, CASE WHEN g % 5 = 0 THEN 'crm-' || g END,
+            encode(sha256(convert_to('person-' || g || '@example.com', 'UTF8')), 'hex'),
+            CASE WHEN g % 2 = 0 THEN encode(sha256(convert_to('+4930' || g, 'UTF8')), 'hex') END, g, 'EUR'
+       FROM generate_series(1, 20000) AS g",
+    "INSERT INTO visits (workspace_id, visitor_id, visited_at)
+     SELECT 'ws_rollout', 'v' || g, now() - make_interval(mins => g + 60) FROM generate_series(1, 20000) AS g",
+    "INSERT INTO conversion_matches (conversion_id, visit_id, matched_by)
+     SELECT 'cnv_p' || lpad(g::text, 6, '0'), v.id, 'visitor_id'
+       FROM generate_series(1, 20000) AS g JOIN visits v ON v.visitor_id = 'v' || g",
+];
+
+/// Every value of the rows of [`POPULATE_AT_0005`], their chains and their matches, as one digest.
+const POPULATED_VALUES: &str = "SELECT md5(
+    (SELECT string_agg(concat_ws('|', id, workspace_id, event, external_id, parent_external_id, chain_id,
+                                 occurred_at, visitor_id, contact_id, email_sha256, phone_sha256, value, currency),
+                       ',' ORDER BY id)
+       FROM conversions WHERE id LIKE 'cnv_p%')
+    || (SELECT string_agg(id || workspace_id, ',' ORDER BY id) FROM chains WHERE id LIKE 'chn_p%')
+    || (SELECT string_agg(conversion_id || visit_id || matched_by, ',' ORDER BY conversion_id)
+          FROM conversion_matches WHERE conversion_id LIKE 'cnv_p%'))";
+
+/// A populated database several versions behind (at 0005, the schema of a version before every
+/// rollout here) takes every version's additions in one `migrate` while its own version writes:
+/// no write fails or waits 5 s, every stored value, chain and match is kept, and the binaries
+/// of its own version and this version's then both write, each to the same rows, until
+/// `--contract`.
+#[tokio::test(flavor = "multi_thread")]
 async fn a_database_several_versions_behind_takes_every_version_s_additions_in_one_migrate() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
     let own = OwnDatabase::empty("jump").await;
     own.migrate(&["--contract", "--through", "5"]);
     let db = own.pool().await;
     for statement in [
         "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
         "INSERT INTO chains (id, workspace_id) VALUES ('chn_rollout', 'ws_rollout')",
-    ] {
+    ]
+    .into_iter()
+    .chain(POPULATE_AT_0005)
+    {
         sqlx::query(statement).execute(&db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
+    let before: String = sqlx::query_scalar(POPULATED_VALUES).fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
     insert(&db, PREVIOUS_INSERT, "cnv_1", "A1", None, "1").await;
 
+    // The version of 0005 writes throughout the migration.
+    let done = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writes = tokio::spawn({
+        let (db, done, written) = (db.clone(), done.clone(), written.clone());
+        async move {
+            let mut slowest = Duration::ZERO;
+            while !done.load(Ordering::Relaxed) {
+                let n = written.load(Ordering::Relaxed) + 1;
+                let started = Instant::now();
+                insert(&db, PREVIOUS_INSERT, &format!("cnv_w{n}"), &format!("W{n}"), None, "7").await;
+                slowest = slowest.max(started.elapsed());
+                written.store(n, Ordering::Relaxed);
+            }
+            slowest
+        }
+    });
+    while written.load(Ordering::Relaxed) < 20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let at_start = written.load(Ordering::Relaxed);
     let expanded = own.migrate(&[]);
+    let during = written.load(Ordering::Relaxed) - at_start;
+    done.store(true, Ordering::Relaxed);
+    let slowest = writes.await.unwrap_or_else(|e| panic!("{e}"));
+    let written = i64::try_from(written.load(Ordering::Relaxed)).unwrap_or_default();
     assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 32, 33, 34, 35, 40, 41, 42]), "{expanded}");
+    assert!(during > 0, "the previous version wrote during the migration");
+    assert!(slowest < Duration::from_secs(5), "a write waited {slowest:?} during the migration");
+    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions WHERE id LIKE 'cnv_w%'").await, written);
+    let after: String = sqlx::query_scalar(POPULATED_VALUES).fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(after, before, "every stored value, chain and match kept");
+    assert_eq!(by_email(&db, &email_hash(20_000)).await, ["cnv_p020000"], "this version's erasure finds a stored row");
+
     // The version of 0005 writes on its own key; this one with its digest as bytes, on its key.
     insert(&db, PREVIOUS_INSERT, "cnv_2", "A2", None, "2").await;
-    let hash = email_hash(1);
+    let hash = email_hash(1_000_001);
     insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_3", "A1", &hash).await;
     insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_4", "A3", &hash).await;
-    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions").await, 3, "A1 once, through both keys");
+    let ours = "SELECT count(*) FROM conversions WHERE id NOT LIKE 'cnv_p%' AND id NOT LIKE 'cnv_w%'";
+    assert_eq!(scalar(&db, ours).await, 3, "A1 once, through both keys");
     assert_eq!(by_email(&db, &hash).await, ["cnv_1", "cnv_4"], "this version's erasure finds both rows");
 
     let contracted = own.migrate(&["--contract"]);
@@ -197,6 +270,9 @@ async fn a_database_several_versions_behind_takes_every_version_s_additions_in_o
     assert!(refused.is_err(), "the old key is gone after the contract");
     insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_6", "A4", &hash).await;
     assert_eq!(by_email(&db, &hash).await, ["cnv_1", "cnv_4", "cnv_6"]);
+    let contracted: String =
+        sqlx::query_scalar(POPULATED_VALUES).fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(contracted, before, "and after the contract");
     db.close().await;
 }
 
