@@ -4,9 +4,11 @@
 # under test, `conversions` loaded with N rows as a year's table stands (every index built
 # after the load, vacuumed and frozen), then `intake-writer migrate` while single upserts arrive
 # at 200 a second. Prints, per migration: its time (as sqlx recorded it), the upserts' p99 and
-# longest during it, and the WAL it wrote; and the indexes' bytes per conversion before and
-# after. The upserts are the previous version's (digests as hex text) during `migrate`, this
-# version's (digests as bytes) during `migrate --contract`, as in a rollout.
+# longest during it, and the WAL it wrote; the longest wait for a lock that any session was
+# seen in (sampled every 100 ms from pg_locks), by whom and for what; and the indexes' bytes per
+# conversion before and after. The upserts are the previous version's (digests as hex text)
+# during `migrate`, this version's (digests as bytes) during `migrate --contract`, as in a
+# rollout. Exits with status 3 when a lock was waited for 5 s or more (DESIGN's bound).
 #
 #   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0042: `migrate`,
 #                                                then `migrate --contract`
@@ -133,16 +135,35 @@ sample_lag() {
     done
 }
 if [ "$ha" = 1 ]; then sample_lag & sampler=$!; fi
+# Every lock not granted: how long it has been waited for (ms), its mode, its table, and the
+# waiting session's application (pgbench, or the writer's migrate).
+sample_locks() {
+    while :; do
+        sql -F ' ' -c "SELECT round(extract(epoch FROM clock_timestamp() - l.waitstart) * 1000), l.mode,
+                              coalesce(l.relation::regclass::text, l.locktype),
+                              coalesce(nullif(a.application_name, ''), 'unnamed')
+                         FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                        WHERE NOT l.granted AND l.waitstart IS NOT NULL" >>"$work/locks" 2>/dev/null
+        sleep 0.1
+    done
+}
+: >"$work/locks"
+sample_locks & lock_sampler=$!
 migrate_started="$(date +%s.%N)"
-"$writer" migrate >/dev/null
+PGAPPNAME=migrate "$writer" migrate >/dev/null
 expanded="$(date +%s.%N)"
 # The rollout: this version's writers replace the previous version's.
 stop_upserts
 upserts insert-next.sql txnext
-"$writer" migrate --contract >/dev/null
+PGAPPNAME=migrate "$writer" migrate --contract >/dev/null
 migrate_ended="$(date +%s.%N)"
 lsn1="$(sql -c "SELECT pg_current_wal_lsn()")"
 if [ "$ha" = 1 ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; fi
+kill "$lock_sampler" 2>/dev/null || true
+wait "$lock_sampler" 2>/dev/null || true
+# The longest wait seen: "ms mode relation application", or nothing when none was seen.
+longest_wait="$(sort -n -k1,1 "$work/locks" | tail -1)"
+waited_ms="$(awk '{ print $1 }' <<<"${longest_wait:-0}")"
 sleep 2
 stop_upserts
 after="$(index_bytes)"
@@ -186,6 +207,13 @@ for (name, state), samples in sorted(rows.items()):
 EOF
         echo
     fi
+    if [ -n "$longest_wait" ]; then
+        read -r ms mode relation application <<<"$longest_wait"
+        echo "Locks, sampled every 100 ms from \`pg_locks\`: the longest wait seen was $ms ms, for $mode on $relation by $application ($(wc -l <"$work/locks") samples of a session waiting)."
+    else
+        echo "Locks, sampled every 100 ms from \`pg_locks\`: no session was seen waiting for one."
+    fi
+    echo
     echo "A row's own bytes (of a 1 % sample): $row_before before, $row_after after. The heap's bytes a conversion: $heap_before before, $heap_after after."
     echo
     echo "Index bytes per conversion, before:"
@@ -201,3 +229,7 @@ EOF
     echo '```'
 } >"$report"
 cat "$report"
+if [ "${waited_ms:-0}" -ge 5000 ]; then
+    say "a lock was waited for $waited_ms ms: over the 5 s bound"
+    exit 3
+fi
