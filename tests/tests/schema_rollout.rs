@@ -13,6 +13,9 @@ mod lookups;
 use intake_tests::serde_json::{json, Value};
 use intake_tests::OwnDatabase;
 use sqlx::PgPool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The insert of the version before 0024: its ON CONFLICT names the unique key on the workspace id.
 const PREVIOUS_INSERT: &str = concat!(
@@ -202,10 +205,6 @@ const POPULATED_VALUES: &str = "SELECT md5(
 /// `--contract`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_several_versions_behind_takes_every_version_s_additions_in_one_migrate() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
     let own = OwnDatabase::empty("jump").await;
     own.migrate(&["--contract", "--through", "5"]);
     let db = own.pool().await;
@@ -222,31 +221,21 @@ async fn a_database_several_versions_behind_takes_every_version_s_additions_in_o
     insert(&db, PREVIOUS_INSERT, "cnv_1", "A1", None, "1").await;
 
     // The version of 0005 writes throughout the migration.
-    let done = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writes = tokio::spawn({
-        let (db, done, written) = (db.clone(), done.clone(), written.clone());
-        async move {
-            let mut slowest = Duration::ZERO;
-            while !done.load(Ordering::Relaxed) {
-                let n = written.load(Ordering::Relaxed) + 1;
-                let started = Instant::now();
+    let writes = Writes::start({
+        let db = db.clone();
+        move |n| {
+            let db = db.clone();
+            async move {
                 insert(&db, PREVIOUS_INSERT, &format!("cnv_w{n}"), &format!("W{n}"), None, "7").await;
-                slowest = slowest.max(started.elapsed());
-                written.store(n, Ordering::Relaxed);
             }
-            slowest
         }
     });
-    while written.load(Ordering::Relaxed) < 20 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let at_start = written.load(Ordering::Relaxed);
+    writes.until(20).await;
+    let at_start = writes.count();
     let expanded = own.migrate(&[]);
-    let during = written.load(Ordering::Relaxed) - at_start;
-    done.store(true, Ordering::Relaxed);
-    let slowest = writes.await.unwrap_or_else(|e| panic!("{e}"));
-    let written = i64::try_from(written.load(Ordering::Relaxed)).unwrap_or_default();
+    let during = writes.count() - at_start;
+    let (written, slowest) = writes.stop().await;
+    let written = i64::try_from(written).unwrap_or_default();
     assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 32, 33, 34, 35, 40, 41, 42]), "{expanded}");
     assert!(during > 0, "the previous version wrote during the migration");
     assert!(slowest < Duration::from_secs(5), "a write waited {slowest:?} during the migration");
@@ -276,6 +265,56 @@ async fn a_database_several_versions_behind_takes_every_version_s_additions_in_o
     db.close().await;
 }
 
+/// The previous version's writes in the background, one after another until stopped: `write(n)`
+/// is the n-th, from 1, and panics should it fail.
+struct Writes {
+    done: Arc<AtomicBool>,
+    written: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<Duration>,
+}
+
+impl Writes {
+    fn start<W, F>(write: W) -> Writes
+    where
+        W: Fn(u64) -> F + Send + 'static,
+        F: std::future::Future<Output = ()> + Send,
+    {
+        let (done, written) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let task = tokio::spawn({
+            let (done, written) = (done.clone(), written.clone());
+            async move {
+                let mut slowest = Duration::ZERO;
+                while !done.load(Ordering::Relaxed) {
+                    let n = written.load(Ordering::Relaxed) + 1;
+                    let started = Instant::now();
+                    write(n).await;
+                    slowest = slowest.max(started.elapsed());
+                    written.store(n, Ordering::Relaxed);
+                }
+                slowest
+            }
+        });
+        Writes { done, written, task }
+    }
+
+    fn count(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    async fn until(&self, count: u64) {
+        while self.count() < count {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Stops them: how many were written, and the slowest.
+    async fn stop(self) -> (u64, Duration) {
+        self.done.store(true, Ordering::Relaxed);
+        let slowest = self.task.await.unwrap_or_else(|e| panic!("{e}"));
+        (self.written.load(Ordering::Relaxed), slowest)
+    }
+}
+
 fn email_hash(n: u64) -> String {
     let email = format!("person-{n}@example.com");
     intake_common::normalize::email_hash(&email).map(|h| h.as_str().to_owned()).unwrap_or_default()
@@ -297,10 +336,6 @@ async fn by_email(db: &PgPool, hash: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_version_writes() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
     let own = OwnDatabase::empty("digests").await;
     own.migrate(&["--contract", "--through", "35"]);
     let db = own.pool().await;
@@ -324,19 +359,15 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
 
     // The previous version writes throughout the migration: every other write a re-send of a
     // stored conversion with another email, the rest new conversions.
-    let done = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writes = tokio::spawn({
-        let (db, done, written) = (db.clone(), done.clone(), written.clone());
-        async move {
-            let mut slowest = Duration::ZERO;
-            while !done.load(Ordering::Relaxed) {
-                let n = written.load(Ordering::Relaxed) + 1;
+    let writes = Writes::start({
+        let db = db.clone();
+        move |n| {
+            let db = db.clone();
+            async move {
                 let external_id = match n % 2 {
                     0 => format!("old-{}", n % 29_000 + 1_001),
                     _ => format!("new-{n}"),
                 };
-                let started = Instant::now();
                 sqlx::query(PREVIOUS_INSERT_WITH_EMAIL)
                     .bind(format!("cnv_w{n}"))
                     .bind(&external_id)
@@ -344,26 +375,16 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
                     .execute(&db)
                     .await
                     .unwrap_or_else(|e| panic!("the previous version's write of {external_id}: {e}"));
-                slowest = slowest.max(started.elapsed());
-                written.store(n, Ordering::Relaxed);
             }
-            slowest
         }
     });
-    while written.load(Ordering::Relaxed) < 20 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let at_start = written.load(Ordering::Relaxed);
+    writes.until(20).await;
+    let at_start = writes.count();
     let expanded = own.migrate(&[]);
-    let during = written.load(Ordering::Relaxed) - at_start;
+    let during = writes.count() - at_start;
     // A few more after it, through the trigger that keeps the two in step.
-    let after = written.load(Ordering::Relaxed);
-    while written.load(Ordering::Relaxed) < after + 20 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    done.store(true, Ordering::Relaxed);
-    let slowest = writes.await.unwrap_or_else(|e| panic!("{e}"));
-    let written = written.load(Ordering::Relaxed);
+    writes.until(writes.count() + 20).await;
+    let (written, slowest) = writes.stop().await;
     assert_eq!(expanded["waiting_for_contract"], json!([40, 41, 42]), "{expanded}");
     assert!(during > 0, "the previous version wrote during the migration");
     assert!(slowest < Duration::from_secs(5), "a write waited {slowest:?} during the migration");
