@@ -8,7 +8,8 @@
 # seen in (sampled every 100 ms from pg_locks), by whom and for what; and the indexes' bytes per
 # conversion before and after. The upserts are the previous version's (digests as hex text)
 # during `migrate`, this version's (digests as bytes) during `migrate --contract`, as in a
-# rollout. Exits with status 3 when a lock was waited for 5 s or more (DESIGN's bound).
+# rollout. Exits with status 3 when a lock was waited for 5 s or more (the bound the runbook
+# holds every migration to).
 #
 #   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0042: `migrate`,
 #                                                then `migrate --contract`
@@ -135,15 +136,17 @@ sample_lag() {
     done
 }
 if [ "$ha" = 1 ]; then sample_lag & sampler=$!; fi
-# Every lock not granted: how long it has been waited for (ms), its mode, its table, and the
-# waiting session's application (pgbench, or the writer's migrate).
+# Every lock not granted in this database: how long it has been waited for (ms), its mode, its
+# table, and the waiting session's application (pgbench, or the writer's migrate). A failed
+# sample is skipped, not the end of the sampling.
 sample_locks() {
     while :; do
         sql -F ' ' -c "SELECT round(extract(epoch FROM clock_timestamp() - l.waitstart) * 1000), l.mode,
                               coalesce(l.relation::regclass::text, l.locktype),
                               coalesce(nullif(a.application_name, ''), 'unnamed')
                          FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                        WHERE NOT l.granted AND l.waitstart IS NOT NULL" >>"$work/locks" 2>/dev/null
+                        WHERE NOT l.granted AND l.waitstart IS NOT NULL AND a.datname = current_database()" \
+            >>"$work/locks" 2>/dev/null || true
         sleep 0.1
     done
 }
@@ -178,7 +181,7 @@ report="$REPO/bench/migration.md"
 {
     echo "# Migrations of conversions on a populated table under writes"
     echo
-    echo "\`deploy/bench-migration.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" rev-parse --short HEAD)\`; $rows conversions (loaded, indexed and vacuumed in $loaded_s s); single upserts at 200/s throughout. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
+    echo "\`deploy/bench-migration.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows conversions (loaded, indexed and vacuumed in $loaded_s s); single upserts at 200/s throughout. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
     echo
     echo "| migration | time s |"
     echo "|---|---|"
@@ -209,7 +212,7 @@ EOF
     fi
     if [ -n "$longest_wait" ]; then
         read -r ms mode relation application <<<"$longest_wait"
-        echo "Locks, sampled every 100 ms from \`pg_locks\`: the longest wait seen was $ms ms, for $mode on $relation by $application ($(wc -l <"$work/locks") samples of a session waiting)."
+        echo "Locks, sampled every 100 ms from \`pg_locks\`: the longest wait seen was $ms ms, for $mode on $relation by $application ($(wc -l <"$work/locks") waiting locks seen in all)."
     else
         echo "Locks, sampled every 100 ms from \`pg_locks\`: no session was seen waiting for one."
     fi

@@ -79,17 +79,19 @@ load() {
 }
 
 # A re-sent conversion with a new value: the columns the writer's upsert sets on a conflict,
-# each indexed one to the value it has; the row found by the unique key, as the upsert finds it. Rows drawn from the whole table, so that most are
-# updated once (a deal's value set when it closes): the first update of a row is the one that
-# needs room on its page; later ones find the room its earlier versions leave when pruned.
+# each indexed one to the value it has; the row found by the unique key, as the upsert finds
+# it. Rows drawn from the whole table, so that most are updated once (a deal's value set when
+# it closes): the first update of a row is the one that needs room on its page; later ones find
+# the room its earlier versions leave when pruned.
+stored_row="hashtextextended(workspace_id, 0) = hashtextextended('ws_' || lpad((:g % 1000)::text, 26, '0'), 0)
+    AND workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
+    AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END"
 cat >"$work/update.sql" <<SQL
 \set g random(1, $rows)
 UPDATE :table SET value = value + 1, tags = tags, chain_id = chain_id, visitor_id = visitor_id,
     contact_id = contact_id, email_digest = email_digest, phone_digest = phone_digest,
     parent_external_id = parent_external_id, updated_at = now()
-WHERE hashtextextended(workspace_id, 0) = hashtextextended('ws_' || lpad((:g % 1000)::text, 26, '0'), 0)
-    AND workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
-    AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END;
+WHERE $stored_row;
 SQL
 # A new single conversion, as single_200rps sends them.
 cat >"$work/insert.sql" <<SQL
@@ -115,7 +117,7 @@ report="$REPO/bench/vacuum.md"
 {
     echo "# fillfactor and vacuum of conversions"
     echo
-    echo "\`deploy/bench-vacuum.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" rev-parse --short HEAD)\`; $rows rows; $seconds s of updates by 4 clients; single upserts at 200/s, 20 s without the vacuum, then those that ended during it. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
+    echo "\`deploy/bench-vacuum.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows rows; $seconds s of updates by 4 clients; single upserts at 200/s, 20 s without the vacuum, then those that ended during it. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
     echo
     echo "| fillfactor | heap MiB loaded | index MiB loaded | updates/s | update p50 / p99 ms | HOT updates | WAL bytes an update | index bytes an update | vacuum s | index scans | upserts 200/s p99 ms: before / during vacuum |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -156,18 +158,17 @@ for ff in ${fillfactors//,/ }; do
 done
 
 # Autovacuum in service: the same load, for each setting, with PostgreSQL's own naptime. A
-# sampler records, every half second, whether a vacuum of the table runs and its index passes.
+# sampler records, every half second, whether a vacuum of the table runs (its worker's pid:
+# a run) and its index passes.
 cat >"$work/resend.sql" <<SQL
 \set g random(1, $rows)
 UPDATE :table SET value = value + 1, updated_at = now()
-WHERE hashtextextended(workspace_id, 0) = hashtextextended('ws_' || lpad((:g % 1000)::text, 26, '0'), 0)
-    AND workspace_id = 'ws_' || lpad((:g % 1000)::text, 26, '0') AND external_id = 'ext-' || :g
-    AND event = CASE WHEN :g % 3 = 0 THEN 'purchase' ELSE 'lead' END;
+WHERE $stored_row;
 SQL
-sample_vacuum() { # TABLE FILE: "epoch index_vacuum_count" while a vacuum of TABLE runs
+sample_vacuum() { # TABLE FILE: "epoch pid index_vacuum_count" while a vacuum of TABLE runs
     while :; do
-        sql -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()), index_vacuum_count
-                         FROM pg_stat_progress_vacuum WHERE relid = '$1'::regclass" >>"$2" 2>/dev/null
+        sql -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()), pid, index_vacuum_count
+                         FROM pg_stat_progress_vacuum WHERE relid = '$1'::regclass" >>"$2" 2>/dev/null || true
         sleep 0.5
     done
 }
@@ -202,19 +203,21 @@ for setting in ${auto_settings//,/ }; do
     run_pgbench "auto-new-$setting" "$table" -c 2 -j 1 -R 2000 -T "$auto_seconds" -f "$work/insert.sql" &
     new=$!
     run_pgbench "auto-single-$setting" "$table" -c 2 -j 1 -R 200 -T "$auto_seconds" -f "$work/insert.sql"
-    wait "$resend" "$new"
+    wait "$resend"
+    wait "$new"
     kill "$sampler" 2>/dev/null || true
     wait "$sampler" 2>/dev/null || true
     sql -c "SELECT pg_stat_force_next_flush()" >/dev/null
     read -r upd1 hot1 av1 <<<"$(sql -F ' ' -c "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count FROM pg_stat_user_tables WHERE relname = '$table'")"
-    # The sampled instants of a vacuum: its seconds (0.5 each), and the index passes of each run
-    # (a run's count at its last sample; a new run starts when the count falls or a gap opens).
-    read -r vacuum_s passes <<<"$(awk '{ if (NR > 1 && ($1 - t > 1.5 || $2 < c)) sum += c; t = $1; c = $2; n++ }
-        END { printf "%.1f %d\n", n * 0.5, sum + c }' "$work/vacuum-$setting.txt")"
+    # Per run (a worker's pid): its first and last sample, and its index passes at the last.
+    read -r vacuum_s passes <<<"$(awk '!($2 in first) { first[$2] = $1 } { last[$2] = $1; passes[$2] = $3 }
+        END { for (p in first) { s += last[p] - first[p] + 0.5; n += passes[p] } printf "%.1f %d\n", s, n }' \
+        "$work/vacuum-$setting.txt")"
     read -r p50 p99 max <<<"$(cat "$work/auto-single-$setting"/tx* | awk '{ print $3 }' | quantiles max)"
-    # Single upserts that ended within half a second of a sample of a running vacuum.
+    # Single upserts that ended within a quarter second of a sample of a running vacuum (the
+    # samples half a second apart: the stretch each one stands for).
     during="$(awk 'NR == FNR { at[NR] = $1; n = NR; next }
-        { t = $5 + $6 / 1e6; for (i = 1; i <= n; i++) if (t >= at[i] - 0.5 && t <= at[i] + 0.5) { print $3; break } }' \
+        { t = $5 + $6 / 1e6; for (i = 1; i <= n; i++) if (t >= at[i] - 0.25 && t <= at[i] + 0.25) { print $3; break } }' \
         "$work/vacuum-$setting.txt" "$work/auto-single-$setting"/tx*)"
     count="$(printf '%s' "$during" | grep -c . || true)"
     read -r _ d99 dmax <<<"$(printf '%s\n' "$during" | grep . | quantiles max)"

@@ -38,11 +38,12 @@
 #                                   PostgreSQL x3 in synchronous_mode_strict, HAProxy), started
 #                                   for them in $INTAKE_HOME/bench-ha on ports 31400-31455 with
 #                                   the single node's shared_buffers, stopped and removed after;
-#                                   then the runs at size (default 1 M; 10 M need about 45 GB
+#                                   then the runs at size (default 1 M; 10 M need about 52 GB
 #                                   free, three copies) on both, uncapped, the single node's on
-#                                   the shared server. The report's "Synchronous replication (HA
-#                                   layout)" has both and HA / single for throughput, p50 and
-#                                   p99. Nothing else runs.
+#                                   the shared server. Its report, bench/ha/report.md (and .json,
+#                                   and the plot), has in "Synchronous replication (HA layout)"
+#                                   both and HA / single for throughput, p50 and p99. Nothing
+#                                   else runs.
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_SCENARIOS=batch_ingest,single_32 for only those, ... see
@@ -259,6 +260,8 @@ if [ "$ha" = 1 ]; then
         INTAKE_BENCH_PROFILE_SECONDS="${INTAKE_BENCH_PROFILE_SECONDS:-0}" \
         INTAKE_BENCH_HA_DIR="${INTAKE_BENCH_HA_DIR:-$INTAKE_HOME/bench-ha}" \
         INTAKE_BENCH_HA_BASE_PORT="${INTAKE_BENCH_HA_BASE_PORT:-31400}"
+    # A report of its own, beside the full run's rather than over it.
+    export INTAKE_BENCH_OUT="${INTAKE_BENCH_OUT:-$REPO/bench/ha}"
     export INTAKE_BENCH_HA_PRIMARY_PORT="${INTAKE_BENCH_HA_PRIMARY_PORT:-$((INTAKE_BENCH_HA_BASE_PORT + 55))}"
     install_ha_packages
     trap stop_bench_ha EXIT
@@ -290,7 +293,8 @@ say "building the release binaries ($CARGO_TARGET_DIR/release)"
 export INTAKE_BIN_DIR="$INTAKE_HOME/bench-bin"
 ab_copy_bins "$CARGO_TARGET_DIR/release" "$INTAKE_BIN_DIR"
 "$INTAKE_BIN_DIR/intake-writer" migrate --contract >/dev/null
-export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="$REPO/bench"
+export INTAKE_KAFKA_VERSION="$KAFKA_VERSION" INTAKE_BENCH_OUT="${INTAKE_BENCH_OUT:-$REPO/bench}"
+mkdir -p "$INTAKE_BENCH_OUT"
 export INTAKE_BENCH_CLUSTER_DIR="${INTAKE_BENCH_CLUSTER_DIR:-$INTAKE_HOME/bench-cluster}"
 
 cd "$REPO"
@@ -300,5 +304,5 @@ if [ "$micro" = 1 ]; then
     say "validate + normalize + hash, one item (criterion): bench/micro.txt"
     cargo bench -p intake-model --bench validate -- --noplot 2>/dev/null | grep -E 'time:|thrpt:|^validate' >bench/micro.txt
 fi
-sed -n '/^## Targets/,/^## Scenarios/p' bench/report.md | sed '$d'
-say "full report: bench/report.md, bench/report.json"
+sed -n '/^## Targets/,/^## Scenarios/p' "$INTAKE_BENCH_OUT/report.md" | sed '$d'
+say "full report: ${INTAKE_BENCH_OUT#"$REPO"/}/report.md, report.json"

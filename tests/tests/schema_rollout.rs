@@ -193,10 +193,10 @@ const POPULATED_VALUES: &str = "SELECT md5(
     (SELECT string_agg(concat_ws('|', id, workspace_id, event, external_id, parent_external_id, chain_id,
                                  occurred_at, visitor_id, contact_id, email_sha256, phone_sha256, value, currency),
                        ',' ORDER BY id)
-       FROM conversions WHERE id LIKE 'cnv_p%')
-    || (SELECT string_agg(id || workspace_id, ',' ORDER BY id) FROM chains WHERE id LIKE 'chn_p%')
+       FROM conversions WHERE id LIKE 'cnv\\_p%')
+    || (SELECT string_agg(id || workspace_id, ',' ORDER BY id) FROM chains WHERE id LIKE 'chn\\_p%')
     || (SELECT string_agg(conversion_id || visit_id || matched_by, ',' ORDER BY conversion_id)
-          FROM conversion_matches WHERE conversion_id LIKE 'cnv_p%'))";
+          FROM conversion_matches WHERE conversion_id LIKE 'cnv\\_p%'))";
 
 /// A populated database several versions behind (at 0005, the schema of a version before every
 /// rollout here) takes every version's additions in one `migrate` while its own version writes:
@@ -239,7 +239,7 @@ async fn a_database_several_versions_behind_takes_every_version_s_additions_in_o
     assert_eq!(expanded["waiting_for_contract"], json!([26, 27, 32, 33, 34, 35, 40, 41, 42]), "{expanded}");
     assert!(during > 0, "the previous version wrote during the migration");
     assert!(slowest < Duration::from_secs(5), "a write waited {slowest:?} during the migration");
-    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions WHERE id LIKE 'cnv_w%'").await, written);
+    assert_eq!(scalar(&db, "SELECT count(*) FROM conversions WHERE id LIKE 'cnv\\_w%'").await, written);
     let after: String = sqlx::query_scalar(POPULATED_VALUES).fetch_one(&db).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(after, before, "every stored value, chain and match kept");
     assert_eq!(by_email(&db, &email_hash(20_000)).await, ["cnv_p020000"], "this version's erasure finds a stored row");
@@ -249,7 +249,7 @@ async fn a_database_several_versions_behind_takes_every_version_s_additions_in_o
     let hash = email_hash(1_000_001);
     insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_3", "A1", &hash).await;
     insert_with_email(&db, INSERT_WITH_EMAIL, "cnv_4", "A3", &hash).await;
-    let ours = "SELECT count(*) FROM conversions WHERE id NOT LIKE 'cnv_p%' AND id NOT LIKE 'cnv_w%'";
+    let ours = "SELECT count(*) FROM conversions WHERE id NOT LIKE 'cnv\\_p%' AND id NOT LIKE 'cnv\\_w%'";
     assert_eq!(scalar(&db, ours).await, 3, "A1 once, through both keys");
     assert_eq!(by_email(&db, &hash).await, ["cnv_1", "cnv_4"], "this version's erasure finds both rows");
 

@@ -225,6 +225,9 @@ async fn on_layout(
         };
         scenarios.push((name, measured));
     }
+    drop(stack);
+    let (at_size, sized) = at_sizes(config, layout, &layout_roles, &standbys).await?;
+    scenarios.extend(at_size);
     // Which standby the commits waited for, as the primary saw it at the end.
     let replication: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT application_name::text, state::text, sync_state::text FROM pg_stat_replication ORDER BY 1",
@@ -233,10 +236,7 @@ async fn on_layout(
     .await?;
     let primary_node = (1..=3).find(|&n| layout.node(n).is_some_and(|(_, port)| i32::from(port) == primary_port));
     let differing = settings_differing(single_db, &db).await?;
-    drop(stack);
     db.close().await;
-    let (at_size, sized) = at_sizes(config, layout, &layout_roles, &standbys).await?;
-    scenarios.extend(at_size);
     Ok((
         scenarios,
         json!({
@@ -271,24 +271,40 @@ async fn at_sizes(
     let bin_dir = intake_tests::env("INTAKE_BIN_DIR");
     let mut preloaded = sized::Preloaded::create(&admin, &server, &config.sized_database, &bin_dir, 3).await?;
     let (mut scenarios, mut rows) = (Vec::new(), Vec::new());
+    // A size that fails (the disk check of a large one, say) is reported as failed, and the
+    // sizes before it and the rest of the run are kept.
     for &size in &config.sizes {
         say(&format!("on the HA layout: loading to {size} conversions (COPY, indexes after)"));
-        let load = preloaded.grow_to(size).await?;
+        let load = match preloaded.grow_to(size).await {
+            Ok(load) => load,
+            Err(error) => {
+                say(&format!("no runs at {size} on the HA layout: {error:#}"));
+                rows.push(json!({ "size": size, "label": sized::label(size), "failed": format!("{error:#}") }));
+                break;
+            }
+        };
         say(&format!("loaded on the HA layout: {load}"));
         let bytes = crate::capped::bytes_per_conversion(&preloaded.db, "conversions")
             .await
             .unwrap_or_else(|e| json!({ "failed": e.to_string() }));
-        let (measured, extra) =
-            sized::scenarios_at(config, &preloaded, roles, size, sized::Setting::Ha { standbys }).await?;
-        scenarios.extend(measured);
-        rows.push(json!({
-            "size": size,
-            "label": sized::label(size),
-            "load": load,
-            "bytes_per_conversion": bytes,
-            "erase": extra["erase"],
-            "wal_per_item": extra["wal_per_item"],
-        }));
+        match sized::scenarios_at(config, &preloaded, roles, size, sized::Setting::Ha { standbys }).await {
+            Ok((measured, extra)) => {
+                scenarios.extend(measured);
+                rows.push(json!({
+                    "size": size,
+                    "label": sized::label(size),
+                    "load": load,
+                    "bytes_per_conversion": bytes,
+                    "erase": extra["erase"],
+                    "wal_per_item": extra["wal_per_item"],
+                }));
+            }
+            Err(error) => {
+                say(&format!("the runs at {size} on the HA layout failed: {error:#}"));
+                rows.push(json!({ "size": size, "label": sized::label(size), "failed": format!("{error:#}") }));
+                break;
+            }
+        }
     }
     preloaded.db.close().await;
     admin.close().await;

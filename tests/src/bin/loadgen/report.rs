@@ -782,7 +782,7 @@ fn ha_section(md: &mut String, run: &Run) {
         .unwrap_or_default();
     let _ = writeln!(
         md,
-        "The same scenarios in the same run: first on the single node, then on the HA layout of deploy/ha.sh (three PostgreSQL {} nodes under Patroni, `synchronous_mode_strict`, one synchronous standby; three etcd members; HAProxy as the primary's address), started after the single node's runs ({} s to a writable primary) and stopped before this report, on a stack of its own (the same gateways and writers, topics of their own). A commit on the layout returns once the synchronous standby has flushed it. Primary {}; the standbys at the end of the runs: {standbys}. Each node: `shared_buffers` {}, no WAL archive (the settings below say what differs from the single node).\n",
+        "The same scenarios in the same run: on empty tables first on the single node, then on the HA layout of deploy/ha.sh (three PostgreSQL {} nodes under Patroni, `synchronous_mode_strict`, one synchronous standby; three etcd members; HAProxy as the primary's address), started after the single node's runs ({} s to a writable primary) and stopped before this report, on a stack of its own (the same gateways and writers, topics of their own). A commit on the layout returns once the synchronous standby has flushed it. Primary {}; the standbys at the end of the runs: {standbys}. Each node: `shared_buffers` {}, no WAL archive (the settings below say what differs from the single node). The runs at size come after the empty tables' on the layout, and the single node's after the layout is stopped.\n",
         run.versions["postgresql"].as_str().and_then(|v| v.split_whitespace().next()).unwrap_or(""),
         layout["seconds_to_start"],
         layout["primary"].as_str().unwrap_or("?"),
@@ -790,6 +790,10 @@ fn ha_section(md: &mut String, run: &Run) {
     );
     let _ = writeln!(md, "{}.\n", machine_line(&run.machine));
     for size in layout["sized"].as_array().into_iter().flatten() {
+        if let Some(failed) = size["failed"].as_str() {
+            let _ = writeln!(md, "At {}: not measured: {failed}.\n", size["label"].as_str().unwrap_or("?"));
+            continue;
+        }
         let load = &size["load"];
         let _ = writeln!(
             md,
