@@ -55,12 +55,8 @@ if [ "$ha" = 1 ]; then
 else
     start_postgres
 fi
-(cd "$REPO" && cargo build --release -q -p intake-writer)
+bench_database "$db"
 writer="$CARGO_TARGET_DIR/release/intake-writer"
-psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
-create_database "$db"
-export DATABASE_URL="$(database_url "$db")"
-sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
 pgbench_bin="$(pg_bin pgbench)"
 work="$(mktemp -d)"
 cleanup() {

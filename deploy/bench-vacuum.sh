@@ -31,11 +31,8 @@ fillfactors="${INTAKE_VACUUM_FILLFACTORS:-100,90}"
 db=intake_bench_vacuum
 install_packages
 start_postgres
-(cd "$REPO" && cargo build --release -q -p intake-writer)
-psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
-create_database "$db"
-DATABASE_URL="$(database_url "$db")" "$CARGO_TARGET_DIR/release/intake-writer" migrate --contract >/dev/null
-sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
+bench_database "$db"
+"$CARGO_TARGET_DIR/release/intake-writer" migrate --contract >/dev/null
 pgbench_bin="$(pg_bin pgbench)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

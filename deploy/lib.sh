@@ -157,6 +157,19 @@ create_database() {
 
 database_url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$1"; }
 
+# The database of a PostgreSQL-alone benchmark: the writer built (for its migrations), database
+# $1 dropped and created again, DATABASE_URL pointing at it, and `sql` running psql on it (bare
+# output, stopping at the first error).
+bench_database() {
+    BENCH_DATABASE="$1"
+    (cd "$REPO" && cargo build --release -q -p intake-writer)
+    psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$1\" WITH (FORCE)" >/dev/null
+    create_database "$1"
+    export DATABASE_URL
+    DATABASE_URL="$(database_url "$1")"
+}
+sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$BENCH_DATABASE" -qtAX -v ON_ERROR_STOP=1 "$@"; }
+
 # wrk_post_script FILE AUTHORIZATION BODY: a wrk script that POSTs BODY (JSON, without single
 # quotes) with that Authorization header.
 wrk_post_script() {

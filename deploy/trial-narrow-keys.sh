@@ -19,12 +19,8 @@ batch="${BATCH:-100000}"
 db=intake_trial_narrow_keys
 start_postgres
 writer="$CARGO_TARGET_DIR/release/intake-writer"
-psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
-create_database "$db"
-export DATABASE_URL="$(database_url "$db")"
-sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -qtAX -v ON_ERROR_STOP=1 "$@"; }
+bench_database "$db"
 work="$(mktemp -d)"
-(cd "$REPO" && cargo build --release -q -p intake-writer)
 "$writer" migrate --contract --through 35 >/dev/null
 say "loading $rows"
 load_year_of_conversions "$db" "$rows"
