@@ -83,26 +83,8 @@ before="$(index_bytes)"
 heap_before="$(heap_bytes)"
 row_before="$(row_bytes)"
 
-# A new single conversion in its own new chain, as single_200rps sends them, its email digest
-# in COLUMN as VALUE: the previous version's statement (hex text), then this version's (bytes).
-insert_script() { # COLUMN VALUE
-    cat <<SQL
-\set g random(1, 1000000000)
-BEGIN;
-INSERT INTO chains (id, workspace_id)
-VALUES ('chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'))
-ON CONFLICT DO NOTHING;
-INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
-    $1, value, currency)
-VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
-    'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, now(),
-    'v' || md5(:g::text), $2, 1, 'EUR')
-ON CONFLICT DO NOTHING;
-END;
-SQL
-}
-insert_script email_sha256 "encode(sha256(('n' || :g)::bytea), 'hex')" >"$work/insert.sql"
-insert_script email_digest "sha256(('n' || :g)::bytea)" >"$work/insert-next.sql"
+single_send_script email_sha256 "encode(sha256(('n' || :g)::bytea), 'hex')" >"$work/insert.sql"
+single_send_script email_digest "sha256(('n' || :g)::bytea)" >"$work/insert-next.sql"
 # Latencies in ms (p99, longest) of the pgbench transactions that ended between FROM and TO.
 latencies() {
     cat "$work"/tx* | awk -v from="$1" -v to="$2" '{ t = $5 + $6 / 1e6 } t >= from && t <= to { print $3 }' \

@@ -170,6 +170,26 @@ bench_database() {
 }
 sql() { psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$BENCH_DATABASE" -qtAX -v ON_ERROR_STOP=1 "$@"; }
 
+# A pgbench script of the PostgreSQL-alone benchmarks: a new single conversion in its own new
+# chain, as single_200rps sends them, its email digest in COLUMN as VALUE (email_sha256 as hex
+# text for the versions before 0036, email_digest as bytes since).
+single_send_script() { # COLUMN VALUE
+    cat <<SQL
+\set g random(1, 1000000000)
+BEGIN;
+INSERT INTO chains (id, workspace_id)
+VALUES ('chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'))
+ON CONFLICT DO NOTHING;
+INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
+    $1, value, currency)
+VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
+    'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, now(),
+    'v' || md5(:g::text), $2, 1, 'EUR')
+ON CONFLICT DO NOTHING;
+END;
+SQL
+}
+
 # wrk_post_script FILE AUTHORIZATION BODY: a wrk script that POSTs BODY (JSON, without single
 # quotes) with that Authorization header.
 wrk_post_script() {

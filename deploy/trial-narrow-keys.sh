@@ -27,20 +27,7 @@ load_year_of_conversions "$db" "$rows"
 "$writer" migrate --contract >/dev/null
 sql -c "VACUUM (FREEZE, ANALYZE) conversions" -c "VACUUM (FREEZE, ANALYZE) chains" -c "CHECKPOINT"
 
-cat >"$work/insert.sql" <<'SQL'
-\set g random(1, 1000000000)
-BEGIN;
-INSERT INTO chains (id, workspace_id)
-VALUES ('chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'))
-ON CONFLICT DO NOTHING;
-INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, visitor_id,
-    email_digest, value, currency)
-VALUES ('cnv_n' || lpad(to_hex(:g), 25, '0') || :client_id, 'ws_' || lpad((:g % 1000)::text, 26, '0'),
-    'lead', 'new-' || :g || '-' || :client_id, 'chn_n' || lpad(to_hex(:g), 25, '0') || :client_id, now(),
-    'v' || md5(:g::text), sha256(('n' || :g)::bytea), 1, 'EUR')
-ON CONFLICT DO NOTHING;
-END;
-SQL
+single_send_script email_digest "sha256(('n' || :g)::bytea)" >"$work/insert.sql"
 "$(pg_bin pgbench)" -h 127.0.0.1 -p "$PG_PORT" -U postgres -n -c 2 -j 1 -R 200 -T 100000 \
     --log --log-prefix="$work/tx" -f "$work/insert.sql" "$db" >"$work/pgbench.txt" 2>&1 &
 bench=$!
