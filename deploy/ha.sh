@@ -317,10 +317,13 @@ print(leader[0] if leader else "-", sync[0] if sync else "-")' "$json"
 }
 
 # The primary takes a write through HAProxy: the commit returns only once the synchronous
-# standby confirmed it.
+# standby confirmed it. The write is WAL of the transaction's own (a logical message): a
+# transaction that only takes an id writes no WAL before its commit record, and PostgreSQL
+# waits for no standby on such a commit.
 ha_primary_writable() {
     [ "$(timeout 10 psql -h 127.0.0.1 -p "$PRIMARY" -U postgres -d postgres -tAc \
-        'SELECT pg_is_in_recovery()::text || txid_current()::text' 2>/dev/null | cut -c1-5)" = false ]
+        "SELECT pg_is_in_recovery()::text || ' ' || pg_logical_emit_message(true, 'intake-ha', 'probe')::text" \
+        2>/dev/null | cut -d' ' -f1)" = false ]
 }
 
 ha_pgbackrest_repo() {

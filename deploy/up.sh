@@ -61,6 +61,13 @@ fi
 
 create_database intake
 export DATABASE_URL="$(database_url intake)"
+# What a write's answer waits for (docs/architecture.md, "Acknowledged means replicated"): a
+# synchronous standby's flush on the HA layout, the disk of the single node.
+if [ "$ha" = 1 ]; then
+    export INTAKE_WRITER_ACK_WHEN=replicated
+else
+    export INTAKE_WRITER_ACK_WHEN=flushed
+fi
 "$BIN/intake-writer" migrate --contract >/dev/null
 "$BIN/intake-writer" topics >/dev/null  # partition counts: INTAKE_REQUEST_PARTITIONS, INTAKE_REPLY_PARTITIONS
 

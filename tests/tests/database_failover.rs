@@ -383,3 +383,190 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let after = cluster().await;
     assert!(after.iter().any(|(_, role, _)| role == "sync_standby"), "synchronous replication resumed: {after:?}");
 }
+
+/// The HA layout's standbys, as (node, its PostgreSQL's port).
+fn standbys(layout: &HaLayout, cluster: &[(String, String, String)]) -> Vec<(u16, u16)> {
+    cluster
+        .iter()
+        .filter(|(_, role, _)| role != "leader")
+        .filter_map(|(name, _, _)| name.trim_start_matches("node-").parse::<u16>().ok())
+        .map(|node| (node, layout.base + 19 + node))
+        .collect()
+}
+
+/// Every standby's WAL receiver stopped (SIGSTOP) or let go on (SIGCONT): while stopped, no
+/// standby flushes anything, so every commit on the primary is on the primary alone. Kept
+/// well under `wal_sender_timeout` (5 s, deploy/ha/dcs.yml), past which the primary drops them.
+async fn signal_wal_receivers(standbys: &[(u16, u16)], signal: &str) {
+    for &(node, port) in standbys {
+        let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("node-{node}: {e}"));
+        let pid: i32 = sqlx::query_scalar("SELECT pid FROM pg_stat_wal_receiver")
+            .fetch_one(&mut connection)
+            .await
+            .unwrap_or_else(|e| panic!("node-{node}'s WAL receiver: {e}"));
+        let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid}");
+    }
+}
+
+/// The backends of the primary that wait for a synchronous standby.
+async fn waiting_for_standby(primary: &sqlx::PgPool) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+        .fetch_all(primary)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// How a commit's wait for the standby is interrupted.
+#[derive(Clone, Copy, Debug)]
+enum Interrupt {
+    /// `pg_cancel_backend`: COMMIT returns success with a WARNING, committed on the primary alone.
+    Cancel,
+    /// `pg_terminate_backend`: the connection ends after the local commit; a retry finds the
+    /// message applied and would answer from it.
+    Terminate,
+    /// Nobody: the writer's own bound ends the wait (strict synchronous mode with no standby
+    /// waits for ever), and cancels it so that no backend holds the workspace's lock.
+    None,
+}
+
+// Several threads: the layout's scripts block one while the test goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_leaves_before_a_synchronous_standby_has_the_commit_however_its_wait_ends() {
+    let layout = tokio::task::block_in_place(HaLayout::start);
+    let migrated = Command::new(PathBuf::from(env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .args(["migrate", "--contract"])
+        .env("DATABASE_URL", layout.database_url())
+        .output()
+        .unwrap_or_else(|e| panic!("migrate: {e}"));
+    assert!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    let bound = Duration::from_millis(1_000);
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(layout.database_url()),
+        writer_env: vec![
+            ("INTAKE_WRITER_ACK_WHEN".into(), "replicated".into()),
+            ("INTAKE_WRITER_REPLICATION_WAIT_MS".into(), bound.as_millis().to_string()),
+        ],
+        ..StackOptions::unlimited()
+    })
+    .await;
+    let key = stack.workspace();
+    let first = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let primary = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let http = reqwest::Client::new();
+    let cluster: Value = http
+        .get(layout.rest_url(1, "/cluster"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let standbys = standbys(&layout, &members(&cluster));
+    assert_eq!(standbys.len(), 2, "{cluster}");
+
+    for interrupt in [Interrupt::Cancel, Interrupt::Terminate, Interrupt::None] {
+        let body = intake_tests::conversion("lead");
+        let external_id = body["external_id"].as_str().unwrap_or_default().to_owned();
+        signal_wal_receivers(&standbys, "STOP").await;
+        let frozen = Instant::now();
+        let client = stack.client();
+        let (sending_key, sending) = (key.clone(), body.clone());
+        let send = tokio::spawn(async move {
+            let reply = client.post("/v1/conversions", &sending_key, &sending).await;
+            (reply, Instant::now())
+        });
+        let looking = Instant::now();
+        let waiting = loop {
+            let waiting = waiting_for_standby(&primary).await;
+            if !waiting.is_empty() {
+                break waiting;
+            }
+            assert!(looking.elapsed() < Duration::from_secs(2), "{interrupt:?}: no commit waited for the standby");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let interrupted: Vec<bool> = match interrupt {
+            Interrupt::Cancel => sqlx::query_scalar("SELECT pg_cancel_backend(pid) FROM unnest($1::int4[]) AS w(pid)")
+                .bind(&waiting)
+                .fetch_all(&primary)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            Interrupt::Terminate => {
+                sqlx::query_scalar("SELECT pg_terminate_backend(pid) FROM unnest($1::int4[]) AS w(pid)")
+                    .bind(&waiting)
+                    .fetch_all(&primary)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+            Interrupt::None => Vec::new(),
+        };
+        assert!(interrupted.iter().all(|done| *done), "{interrupt:?}: {interrupted:?}");
+        // The commit happened on the primary alone...
+        wait_until(&format!("{interrupt:?}: the row on the primary"), Duration::from_secs(3), || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM conversions WHERE external_id = $1")
+                .bind(&external_id)
+                .fetch_one(&primary)
+                .await
+                .is_ok_and(|n| n == 1)
+        })
+        .await;
+        // ...and the writer gives up its own waits past the bound: no backend is left waiting
+        // for the standby, holding the workspace's lock.
+        wait_until(&format!("{interrupt:?}: no commit left waiting"), bound * 2, || async {
+            waiting_for_standby(&primary).await.is_empty()
+        })
+        .await;
+        // Still frozen: no answer may have left.
+        let still = frozen.elapsed() < Duration::from_millis(4_000);
+        if send.is_finished() {
+            panic!("{interrupt:?}: answered while only the primary had the commit: {:?}", send.await);
+        }
+        assert!(still, "{interrupt:?}: the standbys were held too long for the check to mean anything");
+        let let_go = Instant::now();
+        signal_wal_receivers(&standbys, "CONT").await;
+        let (reply, answered) = send.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(answered >= let_go, "{interrupt:?}");
+        assert_eq!(reply.status, 201, "{interrupt:?}, once the standby has it: {reply:?}");
+        assert_eq!(reply.body["conversion"]["result"], "created", "{interrupt:?}: {reply:?}");
+        eprintln!(
+            "{interrupt:?}: answered 201 {:.0} ms after the standbys went on ({:.0} ms after the send)",
+            (answered - let_go).as_secs_f64() * 1e3,
+            (answered - frozen).as_secs_f64() * 1e3
+        );
+    }
+    let metrics = stack.writer_metrics(0).await;
+    assert!(metrics.value("intake_writer_unreplicated_commits_total") >= 1.0, "counted");
+    let (status, _) = stack.ops_get(&format!("{}/healthz", stack.writer_ops_urls[0])).await;
+    assert_eq!(status, 200, "an outage, not a stall");
+
+    // An operator command's write whose wait is cancelled fails instead of printing success.
+    signal_wal_receivers(&standbys, "STOP").await;
+    let mut revoke = stack.writer_command();
+    revoke
+        .args(["key", "revoke", &key.key_id])
+        .env("DATABASE_URL", layout.database_url())
+        .env("INTAKE_WRITER_ACK_WHEN", "replicated")
+        .env("INTAKE_WRITER_REPLICATION_WAIT_MS", "1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let revoking = revoke.spawn().unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the revocation waiting for the standby", Duration::from_secs(3), || async {
+        !waiting_for_standby(&primary).await.is_empty()
+    })
+    .await;
+    let _ = sqlx::query("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+        .execute(&primary)
+        .await;
+    let output = tokio::task::block_in_place(|| revoking.wait_with_output()).unwrap_or_else(|e| panic!("{e}"));
+    signal_wal_receivers(&standbys, "CONT").await;
+    assert!(!output.status.success(), "revoked on the primary alone, yet reported done: {output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("not acknowledged"), "{output:?}");
+}

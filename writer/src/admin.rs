@@ -1,11 +1,12 @@
 //! Operator commands on workspaces and keys (docs/operations.md, "Operator commands"). Each returns the JSON object
 //! the command prints.
 
+use crate::store::Database;
 use anyhow::{bail, Context};
 use rand::distributions::{Alphanumeric, DistString};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 
 pub const SCOPES: [&str; 2] = ["workspace:read", "conversions:write"];
 const KEY_PREFIX: &str = "svc_live_";
@@ -18,13 +19,14 @@ pub struct NewWorkspace {
     pub sites: Vec<String>,
 }
 
-pub async fn create_workspace(pool: &PgPool, new: NewWorkspace) -> anyhow::Result<Value> {
+pub async fn create_workspace(db: &Database, new: NewWorkspace) -> anyhow::Result<Value> {
     if !["any", "listed"].contains(&new.site_restriction.as_str()) {
         bail!("--site-restriction must be any or listed");
     }
     let id = intake_common::ids::workspace_id();
     let project_id = new.project_id.unwrap_or_else(|| intake_common::ids::new_id("prj_"));
-    let mut tx = pool.begin().await?;
+    let mut connection = db.pool.acquire().await?;
+    let mut tx = connection.begin().await?;
     sqlx::query("INSERT INTO workspaces (id, name, project_id, site_restriction) VALUES ($1, $2, $3, $4)")
         .bind(&id)
         .bind(&new.name)
@@ -38,6 +40,7 @@ pub async fn create_workspace(pool: &PgPool, new: NewWorkspace) -> anyhow::Resul
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
+    db.durability.confirm(&mut connection).await?;
     Ok(json!({ "id": id }))
 }
 
@@ -48,16 +51,18 @@ pub enum WorkspaceChange {
     Delete,
 }
 
-pub async fn change_workspace(pool: &PgPool, id: &str, change: WorkspaceChange) -> anyhow::Result<Value> {
+pub async fn change_workspace(db: &Database, id: &str, change: WorkspaceChange) -> anyhow::Result<Value> {
     let sql = match change {
         WorkspaceChange::Suspend => "UPDATE workspaces SET status = 'suspended' WHERE id = $1 AND deleted_at IS NULL",
         WorkspaceChange::Resume => "UPDATE workspaces SET status = 'active' WHERE id = $1 AND deleted_at IS NULL",
         WorkspaceChange::Delete => "UPDATE workspaces SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL",
     };
-    let updated = sqlx::query(sql).bind(id).execute(pool).await?.rows_affected();
+    let mut connection = db.pool.acquire().await?;
+    let updated = sqlx::query(sql).bind(id).execute(&mut *connection).await?.rows_affected();
     if updated == 0 {
         bail!("no workspace {id} (or it is deleted)");
     }
+    db.durability.confirm(&mut connection).await?;
     Ok(match change {
         WorkspaceChange::Suspend => json!({ "id": id, "status": "suspended" }),
         WorkspaceChange::Resume => json!({ "id": id, "status": "active" }),
@@ -65,7 +70,7 @@ pub async fn change_workspace(pool: &PgPool, id: &str, change: WorkspaceChange) 
     })
 }
 
-pub async fn create_key(pool: &PgPool, workspace_id: &str, scopes: &[String]) -> anyhow::Result<Value> {
+pub async fn create_key(db: &Database, workspace_id: &str, scopes: &[String]) -> anyhow::Result<Value> {
     if scopes.is_empty() {
         bail!("--scopes needs at least one of {}", SCOPES.join(", "));
     }
@@ -74,6 +79,7 @@ pub async fn create_key(pool: &PgPool, workspace_id: &str, scopes: &[String]) ->
     }
     let id = intake_common::ids::key_id();
     let secret = format!("{KEY_PREFIX}{}", Alphanumeric.sample_string(&mut rand::rngs::OsRng, KEY_RANDOM_CHARS));
+    let mut connection = db.pool.acquire().await?;
     let inserted = sqlx::query(
         "INSERT INTO api_keys (id, workspace_id, secret_sha256, scopes)
          SELECT $1, id, $3, $4 FROM workspaces WHERE id = $2 AND deleted_at IS NULL",
@@ -82,25 +88,28 @@ pub async fn create_key(pool: &PgPool, workspace_id: &str, scopes: &[String]) ->
     .bind(workspace_id)
     .bind(Sha256::digest(secret.as_bytes()).to_vec())
     .bind(scopes)
-    .execute(pool)
+    .execute(&mut *connection)
     .await?
     .rows_affected();
     if inserted == 0 {
         bail!("no workspace {workspace_id} (or it is deleted)");
     }
+    db.durability.confirm(&mut connection).await?;
     Ok(json!({ "id": id, "secret": secret, "scopes": scopes }))
 }
 
-pub async fn revoke_key(pool: &PgPool, id: &str) -> anyhow::Result<Value> {
+pub async fn revoke_key(db: &Database, id: &str) -> anyhow::Result<Value> {
+    let mut connection = db.pool.acquire().await?;
     let updated = sqlx::query("UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1")
         .bind(id)
-        .execute(pool)
+        .execute(&mut *connection)
         .await
         .context("revoking the key")?
         .rows_affected();
     if updated == 0 {
         bail!("no key {id}");
     }
+    db.durability.confirm(&mut connection).await?;
     Ok(json!({ "id": id, "revoked": true }))
 }
 

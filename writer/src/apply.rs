@@ -19,9 +19,8 @@ use crate::metrics::Metrics;
 use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
-use crate::store::{self, Chunk, Lock, Run, WorkspaceRun};
+use crate::store::{Chunk, Database, Lock, Run, WorkspaceRun};
 use intake_common::message::{ChunkOutcome, RequestPart, WriteRequestV1};
-use sqlx::PgPool;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,9 +46,9 @@ pub trait Store: Send + Sync {
     fn takes_writes(&self) -> BoxFuture<'_, bool>;
 }
 
-impl Store for PgPool {
+impl Store for Database {
     fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
-        Box::pin(store::apply_runs(self, runs, Lock::Try))
+        Box::pin(Database::apply_runs(self, runs, Lock::Try))
     }
 
     fn mark_failed<'a>(
@@ -57,11 +56,11 @@ impl Store for PgPool {
         workspace_id: &'a str,
         parts: &'a [&'a RequestPart],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(store::mark_requests_failed(self, workspace_id, parts))
+        Box::pin(self.mark_requests_failed(workspace_id, parts))
     }
 
     fn takes_writes(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move { store::probe_writes(self).await.is_ok() })
+        Box::pin(async move { !self.schema_is_behind().await && self.probe_writes().await.is_ok() })
     }
 }
 
@@ -324,7 +323,7 @@ impl Worker {
             let mut answers = Vec::new();
             if let Some(queued) = group.messages.first() {
                 let error = format!("{} workers died applying it", group.panics);
-                answers.push(self.give_up(&queued.message, "worker_died", error, group.panics, shutdown).await?);
+                answers.extend(self.give_up(&queued.message, "worker_died", error, group.panics, shutdown).await?);
             }
             return Ok(answers);
         }
@@ -363,11 +362,16 @@ impl Worker {
                     expired.push(&queued.message);
                     next += 1;
                 }
-                self.fail_requests(&expired, shutdown).await?;
+                if !self.fail_requests(&expired, shutdown).await? {
+                    return Ok(answers);
+                }
                 answers.extend(expired.iter().map(|_| Answer::expired()));
                 continue;
             }
-            answers.push(self.answer_unapplied(message, unapplied, shutdown).await?);
+            match self.answer_unapplied(message, unapplied, shutdown).await? {
+                Some(answer) => answers.push(answer),
+                None => return Ok(answers),
+            }
         }
         self.apply(&run, &mut answers, shutdown).await?;
         Ok(answers)
@@ -427,7 +431,8 @@ impl Worker {
         Ok(complete)
     }
 
-    /// One message through the policy's attempts; `None` when its workspace is busy.
+    /// One message through the policy's attempts; `None` when its workspace is busy, or its
+    /// request could not be marked failed.
     async fn apply_one(
         &self,
         message: &Inbound,
@@ -449,12 +454,13 @@ impl Worker {
             Ok(Run::Busy) | Err(Stop::Busy { .. }) => Ok(None),
             Err(Stop::Interrupted) => Err(Interrupted),
             Err(Stop::GaveUp { error, attempts }) => {
-                Ok(Some(self.give_up(message, "apply_failed", error.to_string(), attempts, shutdown).await?))
+                self.give_up(message, "apply_failed", error.to_string(), attempts, shutdown).await
             }
         }
     }
 
-    /// Fails the message's request, dead-letters it and answers it failed.
+    /// Fails the message's request, dead-letters it and answers it failed; `None`, leaving it
+    /// unanswered, when its request could not be marked failed.
     async fn give_up(
         &self,
         message: &Inbound,
@@ -462,32 +468,32 @@ impl Worker {
         error: String,
         attempts: u32,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<Answer, Interrupted> {
-        self.fail_requests(&[message], shutdown).await?;
+    ) -> Result<Option<Answer>, Interrupted> {
+        if !self.fail_requests(&[message], shutdown).await? {
+            return Ok(None);
+        }
         self.outbox.dead_letter(DeadLetter { reason, error, attempts, message }, shutdown).await?;
-        Ok(Answer::failed())
+        Ok(Some(Answer::failed()))
     }
 
+    /// `None`: left unanswered, its request not marked failed.
     async fn answer_unapplied(
         &self,
         message: &Inbound,
         unapplied: Unapplied,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<Answer, Interrupted> {
+    ) -> Result<Option<Answer>, Interrupted> {
         match unapplied {
             // Its gateway answered 500 before it reached the topic. Its request is failed too,
             // so that the prefix rule does not rest on append times being in order (a later
             // chunk appended in time after a leader change is not applied either).
-            Unapplied::Expired => {
-                self.fail_requests(&[message], shutdown).await?;
-                Ok(Answer::expired())
-            }
+            Unapplied::Expired => Ok(self.fail_requests(&[message], shutdown).await?.then(Answer::expired)),
             Unapplied::Unreadable => {
-                let Body::Unreadable(unreadable) = &message.body else { return Ok(Answer::failed()) };
+                let Body::Unreadable(unreadable) = &message.body else { return Ok(Some(Answer::failed())) };
                 tracing::error!(error = %unreadable.error, partition = message.partition, offset = message.offset, "unreadable request message");
                 let error = unreadable.error.clone();
                 let answer = self.give_up(message, "unreadable", error, 1, shutdown).await?;
-                Ok(Answer { reply: unreadable.envelope.is_some(), ..answer })
+                Ok(answer.map(|answer| Answer { reply: unreadable.envelope.is_some(), ..answer }))
             }
             // No gateway waits on that partition, so no client was told anything of it.
             Unapplied::Unanswerable(Unanswerable { reason, attempts }) => {
@@ -499,32 +505,34 @@ impl Worker {
                     "a request message names a reply partition that does not exist"
                 );
                 let answer = self.give_up(message, "no_reply_partition", reason, attempts, shutdown).await?;
-                Ok(Answer { reply: false, ..answer })
+                Ok(answer.map(|answer| Answer { reply: false, ..answer }))
             }
         }
     }
 
     /// Marks the messages' requests failed (they are one workspace's) before a next chunk of
     /// theirs can be applied (the worker holds the workspace until then). Retried through
-    /// outages; a mark that fails for good is logged.
+    /// outages. False when the mark failed for good or met a lock held elsewhere: the messages
+    /// are then left unanswered, their offsets unstored, and their workspace tried again later,
+    /// for a later chunk of their request must not be applied (a prefix, never a gap).
     async fn fail_requests(
         &self,
         messages: &[&Inbound],
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), Interrupted> {
+    ) -> Result<bool, Interrupted> {
         let parts: Vec<&RequestPart> = messages.iter().filter_map(|m| m.request_part()).collect();
-        let Some(first) = messages.first().filter(|_| !parts.is_empty()) else { return Ok(()) };
+        let Some(first) = messages.first().filter(|_| !parts.is_empty()) else { return Ok(true) };
         let workspace_id = first.workspace_id();
         let marking = self
             .policy
             .run("mark_failed", &self.metrics, None, shutdown, || self.store.mark_failed(workspace_id, &parts));
         match marking.await {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(true),
             Err(Stop::Interrupted) => Err(Interrupted),
             Err(Stop::GaveUp { error, .. } | Stop::Busy { error }) => {
                 let request_ids: Vec<&str> = parts.iter().map(|p| p.id.as_str()).collect();
-                tracing::error!(%error, ?request_ids, "could not mark the requests failed");
-                Ok(())
+                tracing::error!(%error, ?request_ids, "could not mark the requests failed; their chunks wait unanswered");
+                Ok(false)
             }
         }
     }
@@ -607,6 +615,8 @@ pub mod testing {
         pub busy: Mutex<HashSet<String>>,
         /// Correlation ids whose apply fails for good.
         pub refused: Mutex<HashSet<String>>,
+        /// A failpoint on the marking: marks fail for good while set.
+        pub marks_fail: std::sync::atomic::AtomicBool,
     }
 
     impl MemoryStore {
@@ -683,9 +693,12 @@ pub mod testing {
             workspace_id: &'a str,
             parts: &'a [&'a RequestPart],
         ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+            self.mark_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.marks_fail.load(std::sync::atomic::Ordering::Relaxed) {
+                return Box::pin(std::future::ready(Err(sqlx::Error::RowNotFound)));
+            }
             let marks = parts.iter().map(|part| (workspace_id.to_owned(), part.id.clone(), part.index));
             self.marked.lock().unwrap_or_else(|e| e.into_inner()).extend(marks);
-            self.mark_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Box::pin(std::future::ready(Ok(())))
         }
 
@@ -959,6 +972,30 @@ mod tests {
             vec![(0, 3)],
             "and the partition goes on"
         );
+    }
+
+    #[tokio::test]
+    async fn a_chunk_whose_request_cannot_be_marked_failed_stays_unanswered_and_no_later_chunk_is_applied() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.store.marks_fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        rig.store.refused.lock().unwrap_or_else(|e| e.into_inner()).insert("c0".into());
+        let (mut first, mut second) = (request("ws_a", "c0", 1), request("ws_a", "c1", 1));
+        part(&mut first, "req", 0);
+        part(&mut second, "req", 1);
+        rig.read(&message(&first, 0, 0, 0));
+        rig.read(&message(&second, 0, 1, 0));
+        rig.step().await;
+        assert!(rig.replies().is_empty(), "neither answered: {:?}", rig.replies());
+        assert!(rig.store.runs().is_empty(), "the later chunk not applied");
+        assert!(rig.sender.sent_to("dlq").is_empty(), "not dead-lettered before its request is marked");
+        assert!(rig.partitions.stored.lock().is_ok_and(|s| s.is_empty()), "no offset stored");
+        // The marking works again: the failed chunk is answered failed, the later one is not
+        // applied.
+        rig.store.marks_fail.store(false, std::sync::atomic::Ordering::Relaxed);
+        rig.step().await;
+        assert_eq!(rig.replies(), vec![reply("c0", 1, "failed"), reply("c1", 1, "failed")]);
+        assert!(rig.store.runs().is_empty(), "a prefix, never a gap");
+        assert_eq!(*rig.partitions.stored.lock().unwrap_or_else(|e| e.into_inner()), vec![(0, 2)]);
     }
 
     #[tokio::test]

@@ -9,11 +9,10 @@
 //! once; when the run outlasts it, the batches go round again with fresh message ids, external
 //! ids and parent links (a suffix per round), so that every round writes new conversions.
 
-use crate::store;
+use crate::store::{self, Database};
 use intake_common::conversion::{Conversion, ExternalId};
 use intake_common::message::WriteRequestV1;
 use serde_json::{json, Value};
-use sqlx::PgPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +26,7 @@ pub struct Settings {
 
 /// Applies batches until the duration is over; prints `{"batches", "items", "seconds",
 /// "latencies_us"}` with the time of each batch's transaction.
-pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result<Value> {
+pub async fn apply_batches(db: &Database, settings: &Settings) -> anyhow::Result<Value> {
     let text = std::fs::read_to_string(&settings.from)?;
     let batches: Vec<Vec<WriteRequestV1>> =
         text.lines().filter(|l| !l.trim().is_empty()).map(serde_json::from_str).collect::<Result<_, _>>()?;
@@ -38,7 +37,7 @@ pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result
     let deadline = started + settings.duration;
     let tasks: Vec<_> = (0..settings.concurrency.max(1))
         .map(|_| {
-            let (pool, batches, next) = (pool.clone(), batches.clone(), next.clone());
+            let (db, batches, next) = (db.clone(), batches.clone(), next.clone());
             tokio::spawn(async move {
                 let mut latencies_us = Vec::new();
                 let mut items = 0usize;
@@ -48,7 +47,7 @@ pub async fn apply_batches(pool: &PgPool, settings: &Settings) -> anyhow::Result
                     let requests: Vec<&WriteRequestV1> = batch.iter().collect();
                     let applying = Instant::now();
                     let workspace_id = requests.first().map(|r| r.workspace_id.as_str()).unwrap_or_default();
-                    store::apply_run(&pool, workspace_id, &requests, store::Lock::Wait).await?;
+                    db.apply_run(workspace_id, &requests, store::Lock::Wait).await?;
                     latencies_us.push(u64::try_from(applying.elapsed().as_micros()).unwrap_or(u64::MAX));
                     items += batch.iter().map(|r| r.items.len()).sum::<usize>();
                 }

@@ -17,6 +17,7 @@ use crate::outbox::Outbox;
 use crate::read::Reader;
 use crate::retry::Policy;
 use crate::schedule::Scheduler;
+use crate::store::Database;
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
 use intake_common::kafka_errors::QuietContext;
@@ -25,7 +26,8 @@ use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::PgPool;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -60,6 +62,37 @@ struct KafkaPartitions {
     kafka: Arc<WriterConsumer>,
     health: Arc<Health>,
     topic: String,
+    /// Held while offsets are stored: two workers that finish a partition's messages out of
+    /// order never store its offset backwards.
+    stored: Mutex<Stored>,
+}
+
+/// The offset stored last for each partition of the current assignment.
+#[derive(Default)]
+struct Stored {
+    generation: u64,
+    next: HashMap<i32, i64>,
+}
+
+impl Stored {
+    /// Those of `offsets` that move their partition forward, now remembered; an assignment of
+    /// another generation starts afresh (its committed offsets are Kafka's).
+    fn forward(&mut self, generation: u64, offsets: &[(i32, i64)]) -> Vec<(i32, i64)> {
+        if generation != self.generation {
+            self.generation = generation;
+            self.next.clear();
+        }
+        offsets
+            .iter()
+            .copied()
+            .filter(|&(partition, next)| {
+                let stored = self.next.entry(partition).or_insert(i64::MIN);
+                let forward = next > *stored;
+                *stored = (*stored).max(next);
+                forward
+            })
+            .collect()
+    }
 }
 
 impl KafkaPartitions {
@@ -81,8 +114,13 @@ impl Partitions for KafkaPartitions {
         if offsets.is_empty() || self.generation() != generation {
             return;
         }
+        let mut stored = self.stored.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let forward = stored.forward(generation, offsets);
+        if forward.is_empty() {
+            return;
+        }
         let mut list = TopicPartitionList::new();
-        for &(partition, next) in offsets {
+        for &(partition, next) in &forward {
             let _ = list.add_partition_offset(&self.topic, partition, Offset::Offset(next));
         }
         if let Err(error) = self.kafka.store_offsets(&list) {
@@ -118,7 +156,7 @@ impl Partitions for KafkaPartitions {
 /// Runs until `shutdown` turns true; the groups in hand are finished (or, if one is stuck on an
 /// outage, left uncommitted for the next writer), the offsets are committed and the group left.
 pub async fn run(
-    pool: PgPool,
+    database: Database,
     settings: Settings,
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
@@ -132,6 +170,7 @@ pub async fn run(
         kafka: kafka_consumer.clone(),
         health: health.clone(),
         topic: settings.kafka.requests_topic.clone(),
+        stored: Mutex::default(),
     });
     let producer: FutureProducer<QuietContext> =
         kafka::writer_producer(&settings.kafka).create_with_context(QuietContext::default())?;
@@ -139,6 +178,7 @@ pub async fn run(
     let outbox = Arc::new(Outbox::new(Arc::new(producer), &settings.kafka, settings.policy, metrics.clone()));
     let scheduler = Arc::new(Scheduler::new(settings.read_budget, MAX_GROUP));
     metrics.backlog_budget_bytes.set(i64::try_from(settings.read_budget).unwrap_or(i64::MAX));
+    let pool = database.pool.clone();
     tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
     let observer =
         tokio::spawn(observe(pool.clone(), kafka_consumer.clone(), settings.group_id.clone(), metrics.clone()));
@@ -156,7 +196,7 @@ pub async fn run(
     // finish before their waits are cut short too (`abort`).
     let (abort, aborted) = watch::channel(false);
     let worker = Arc::new(Worker {
-        store: Arc::new(pool),
+        store: Arc::new(database),
         outbox: outbox.clone(),
         scheduler: scheduler.clone(),
         partitions: partitions.clone(),
@@ -277,6 +317,18 @@ mod tests {
     use super::*;
     use crate::apply::testing::{rig, Rig};
     use crate::inbox::testing::{message, request};
+
+    #[test]
+    fn two_workers_finishing_one_partition_out_of_order_never_store_its_offset_backwards() {
+        let mut stored = Stored::default();
+        // A worker of a later workspace of partition 0 stores first; the one of an earlier
+        // workspace, whose store the scheduler computed before, comes second.
+        assert_eq!(stored.forward(1, &[(0, 8), (1, 3)]), [(0, 8), (1, 3)]);
+        assert_eq!(stored.forward(1, &[(0, 5), (1, 4)]), [(1, 4)], "partition 0 stays at 8");
+        assert_eq!(stored.forward(1, &[(0, 8)]), [], "nothing to store again");
+        assert_eq!(stored.forward(1, &[(0, 9)]), [(0, 9)]);
+        assert_eq!(stored.forward(2, &[(0, 2)]), [(0, 2)], "a new assignment starts from Kafka's offsets");
+    }
 
     /// Runs `rig`'s worker under its supervisor until `replies` replies were sent.
     async fn supervised(rig: &Rig, replies: usize) -> Counter {

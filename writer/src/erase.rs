@@ -3,11 +3,12 @@
 //! identifier is normalized and hashed exactly as on receipt, and never stored or logged.
 
 use crate::lookups;
+use crate::store::Database;
 use anyhow::bail;
 use intake_common::conversion::Conversion;
 use intake_common::normalize;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::Connection;
 
 pub enum Identifier {
     Email(String),
@@ -144,12 +145,17 @@ fn digest(kind: Kind, value: &str) -> String {
 /// workspace's size. What was sent before the erasure but is applied after it (in Kafka still,
 /// or replayed, or redriven from the dead letters) is covered by the tombstone written here:
 /// see [`Tombstones`].
-pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
+pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
     let (lookup, value) = identifier.lookup()?;
     let started = std::time::Instant::now();
-    let mut tx = pool.begin().await?;
-    // The same lock as a chunk write: an erasure never interleaves with a write of the workspace.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))").bind(workspace_id).execute(&mut *tx).await?;
+    let mut connection = db.pool.acquire().await?;
+    let mut tx = connection.begin().await?;
+    // The same lock as a chunk write: an erasure never interleaves with a write of the
+    // workspace. With the backend's id, for a commit whose wait for the standby is cancelled.
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(workspace_id)
+        .fetch_one(&mut *tx)
+        .await?;
     let locked = std::time::Instant::now();
     // Every statement below is a union of indexed lookups; the planner is held to them even on
     // a table whose statistics lag behind a bulk load (a stale estimate must not turn a lookup
@@ -217,8 +223,10 @@ pub async fn erase(pool: &PgPool, workspace_id: &str, identifier: Identifier) ->
     .bind(all.digests())
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
+    // Bounded, so that the workspace's lock is not held while no standby takes the commit.
+    db.durability.commit(tx, pid).await?;
     let done = std::time::Instant::now();
+    db.durability.confirm(&mut connection).await?;
     // Read by deploy/bench.sh (erase_10m); the identifier's kind only, never its value.
     tracing::info!(
         kind = identifier.kind(),

@@ -20,8 +20,6 @@ pub struct Health {
     /// A first assignment (possibly empty) arrived: the writer is a member of the group.
     joined: AtomicBool,
     shutting_down: AtomicBool,
-    /// The database lacks migrations this build's statements use (`migrations::missing`).
-    schema_behind: AtomicBool,
     partitions: Mutex<HashMap<i32, PartitionState>>,
     /// Bumped at every rebalance. A message read before one may belong to a partition this
     /// writer no longer holds, or holds again from a newer committed offset: its lane neither
@@ -57,7 +55,6 @@ impl Health {
             stall_timeout,
             joined: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
-            schema_behind: AtomicBool::new(false),
             partitions: Mutex::default(),
             assignment_generation: AtomicU64::new(0),
         })
@@ -71,7 +68,7 @@ impl Health {
         if self.shutting_down.load(Ordering::Relaxed) {
             return Err(NotReady::ShuttingDown);
         }
-        if self.schema_behind.load(Ordering::Relaxed) {
+        if self.metrics.schema_behind.get() > 0 {
             return Err(NotReady::SchemaBehind);
         }
         if !self.joined.load(Ordering::Relaxed) {
@@ -109,8 +106,10 @@ impl Health {
         self.stall() == Stall::Own && since_outage >= self.stall_timeout.as_secs_f64()
     }
 
+    /// The database lacks migrations this build's statements use (`migrations::missing`), or
+    /// its schema could not be read yet.
     pub fn schema_behind(&self, behind: bool) {
-        self.schema_behind.store(behind, Ordering::Relaxed);
+        self.metrics.schema_behind.set(i64::from(behind));
     }
 
     pub fn shutting_down(&self) {

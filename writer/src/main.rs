@@ -7,6 +7,7 @@ mod apply;
 mod bench;
 mod consume;
 mod dlq;
+mod durability;
 mod erase;
 mod expiry;
 mod health;
@@ -27,10 +28,13 @@ mod store;
 mod topics;
 
 use clap::{Parser, Subcommand};
+use durability::{Durability, DurabilityArgs};
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use store::Database;
 use tokio::sync::watch;
 
 /// See the workspace Cargo.toml: the allocator showed in the profile.
@@ -53,6 +57,8 @@ enum Command {
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
         /// Also applies those: once no binary of the previous version runs, and on a new
         /// database.
         #[arg(long)]
@@ -66,6 +72,8 @@ enum Command {
     Run {
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
         #[command(flatten)]
         kafka: KafkaArgs,
         /// Consumer group shared by all writers.
@@ -163,12 +171,16 @@ enum Command {
         command: WorkspaceCommand,
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
     },
     Key {
         #[command(subcommand)]
         command: KeyCommand,
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
     },
     /// Applies request messages again from a topic (default: the requests topic). Messages
     /// already applied change nothing, nor do chunks that reached the requests topic after their
@@ -192,6 +204,8 @@ enum Command {
         kafka: KafkaArgs,
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
     },
     /// The direct_apply baseline of deploy/bench.sh (writer/src/bench.rs); not an operator command.
     #[command(hide = true)]
@@ -205,6 +219,8 @@ enum Command {
         concurrency: usize,
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
     },
     /// Erases one person's data; prints {"conversions": N, "visits": M}. The identifier's value
     /// is read from standard input (one line) or --from FILE, never from the command line.
@@ -221,6 +237,8 @@ enum Command {
         from: Option<std::path::PathBuf>,
         #[command(flatten)]
         database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
     },
 }
 
@@ -316,53 +334,62 @@ async fn main() {
     }
 }
 
-/// Waits, not ready and reading no message, while the database answers that it lacks migrations
-/// this build's statements use (a writer rolled out before `migrate`): applying then would fail
-/// every chunk for good and dead-letter it, where waiting leaves the backlog in Kafka. A database
-/// that does not answer is not waited for here: the retry policy rides outages out. False if
-/// shutdown came first.
-async fn wait_for_schema(pool: &sqlx::PgPool, health: &health::Health, mut shutdown: watch::Receiver<bool>) -> bool {
-    let mut told = Vec::new();
+/// Waits, not ready and reading no message, until the database answers that it has every
+/// migration this build's statements use (a writer rolled out before `migrate` waits for it):
+/// applying then would fail every chunk. A database that does not answer (a failover, an
+/// outage) is asked again until it does: the check is never skipped. False if shutdown came
+/// first; an error, and no start, if an applied migration differs from this build's file.
+async fn wait_for_schema(
+    pool: &sqlx::PgPool,
+    health: &health::Health,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<bool> {
+    let mut told = None;
+    health.schema_behind(true);
     loop {
-        match migrations::missing(pool).await {
+        if let Ok(drifted) = migrations::drifted(pool).await {
+            anyhow::ensure!(
+                drifted.is_empty(),
+                "the database's applied migrations differ from this build's: {}; see deploy/RUNBOOK.md, \"Schema migrations\"",
+                drifted.join("; ")
+            );
+        }
+        let state = match migrations::missing(pool).await {
             Ok(missing) if missing.is_empty() => break,
-            Ok(missing) => {
-                health.schema_behind(true);
-                if missing != told {
-                    tracing::error!(
-                        ?missing,
-                        "the database lacks migrations this version uses; waiting for `intake-writer migrate`"
-                    );
-                    told = missing;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the database's migrations could not be read; starting");
-                break;
-            }
+            Ok(missing) => format!(
+                "the database lacks migrations this version uses ({missing:?}); waiting for `intake-writer migrate`"
+            ),
+            Err(error) => format!("the database's migrations could not be read ({error}); asking again"),
+        };
+        if told.as_ref() != Some(&state) {
+            tracing::error!("{state}");
+            told = Some(state);
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = shutdown.changed() => return false,
+            _ = shutdown.changed() => return Ok(false),
         }
     }
-    if !told.is_empty() {
+    if told.is_some() {
         tracing::info!("the database has every migration this version uses; starting");
     }
     health.schema_behind(false);
-    true
+    Ok(true)
 }
 
 async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
-        Command::Migrate { database, contract, through } => {
+        Command::Migrate { database, durability, contract, through } => {
             let pool = store::connect(&database.url, 1).await?;
             let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
             let waiting = migrations::run(&pool, stage, through).await?;
+            let durability = Durability::new(&database.url, &durability, Counter::default())?;
+            durability.confirm(&mut *pool.acquire().await?).await?;
             Ok(json!({ "migrated": true, "waiting_for_contract": waiting }))
         }
         Command::Run {
             database,
+            durability,
             kafka,
             group_id,
             max_attempts,
@@ -385,6 +412,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             };
             let pool = store::connect_lazy(&database.url, database.pool_size, timeouts)?;
             let metrics = Arc::new(metrics::Metrics::new());
+            let durability = Durability::new(&database.url, &durability, metrics.unreplicated_commits.clone())?;
             let health =
                 health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
             tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
@@ -413,8 +441,9 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 wait_bound: Duration::from_millis(workspace_wait_bound_ms),
                 shutdown_timeout: Duration::from_millis(shutdown_timeout_ms),
             };
-            if wait_for_schema(&pool, &health, shutdown.clone()).await {
-                consume::run(pool, settings, health, shutdown).await?;
+            if wait_for_schema(&pool, &health, shutdown.clone()).await? {
+                let schema_behind = health.metrics.schema_behind.clone();
+                consume::run(Database { pool, durability, schema_behind }, settings, health, shutdown).await?;
             }
             Ok(json!({ "stopped": true }))
         }
@@ -452,27 +481,37 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
         Command::Dlq { command: DlqCommand::Inspect { limit }, kafka } => {
             tokio::task::block_in_place(|| dlq::inspect(&kafka, limit))
         }
-        Command::Workspace { command, database } => {
+        Command::Workspace { command, database, durability } => {
             let pool = store::connect(&database.url, 1).await?;
+            let db = Database {
+                pool,
+                durability: Durability::new(&database.url, &durability, Counter::default())?,
+                schema_behind: Default::default(),
+            };
             match command {
                 WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
-                    admin::create_workspace(&pool, admin::NewWorkspace { name, project_id, site_restriction, sites })
+                    admin::create_workspace(&db, admin::NewWorkspace { name, project_id, site_restriction, sites })
                         .await
                 }
-                WorkspaceCommand::List => admin::list_workspaces(&pool).await,
+                WorkspaceCommand::List => admin::list_workspaces(&db.pool).await,
                 WorkspaceCommand::Suspend { id } => {
-                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Suspend).await
+                    admin::change_workspace(&db, &id, admin::WorkspaceChange::Suspend).await
                 }
                 WorkspaceCommand::Resume { id } => {
-                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Resume).await
+                    admin::change_workspace(&db, &id, admin::WorkspaceChange::Resume).await
                 }
                 WorkspaceCommand::Delete { id } => {
-                    admin::change_workspace(&pool, &id, admin::WorkspaceChange::Delete).await
+                    admin::change_workspace(&db, &id, admin::WorkspaceChange::Delete).await
                 }
             }
         }
-        Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database } => {
+        Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database, durability } => {
             let pool = store::connect_with(&database.url, 2, store::OPERATOR_TIMEOUTS).await?;
+            let db = Database {
+                pool,
+                durability: Durability::new(&database.url, &durability, Counter::default())?,
+                schema_behind: Default::default(),
+            };
             let start = match (partition, from_offset, from_time) {
                 (Some(partition), Some(from), _) => replay::Start::Offsets { partition, from, to: to_offset },
                 (_, _, Some(time)) => {
@@ -484,14 +523,19 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             };
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
             let newer = if topic == kafka.dlq_topic { replay::Newer::Keep } else { replay::Newer::Overwrite };
-            replay::replay(&pool, &kafka, &topic, start, newer).await
+            replay::replay(&db, &kafka, &topic, start, newer).await
         }
-        Command::BenchApply { from, seconds, concurrency, database } => {
+        Command::BenchApply { from, seconds, concurrency, database, durability } => {
             let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
-            bench::apply_batches(&pool, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency })
+            let db = Database {
+                pool,
+                durability: Durability::new(&database.url, &durability, Counter::default())?,
+                schema_behind: Default::default(),
+            };
+            bench::apply_batches(&db, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency })
                 .await
         }
-        Command::Erase { workspace, kind, country, from, database } => {
+        Command::Erase { workspace, kind, country, from, database, durability } => {
             let value = erase::read_value(from.as_deref())?;
             let identifier = match kind {
                 EraseKind { email: true, .. } => erase::Identifier::Email(value),
@@ -501,14 +545,24 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
             };
             let pool = store::connect_with(&database.url, 1, store::OPERATOR_TIMEOUTS).await?;
-            erase::erase(&pool, &workspace, identifier).await
+            let db = Database {
+                pool,
+                durability: Durability::new(&database.url, &durability, Counter::default())?,
+                schema_behind: Default::default(),
+            };
+            erase::erase(&db, &workspace, identifier).await
         }
-        Command::Key { command, database } => {
+        Command::Key { command, database, durability } => {
             let pool = store::connect(&database.url, 1).await?;
+            let db = Database {
+                pool,
+                durability: Durability::new(&database.url, &durability, Counter::default())?,
+                schema_behind: Default::default(),
+            };
             match command {
-                KeyCommand::Create { workspace, scopes } => admin::create_key(&pool, &workspace, &scopes).await,
-                KeyCommand::Revoke { id } => admin::revoke_key(&pool, &id).await,
-                KeyCommand::List { workspace } => admin::list_keys(&pool, &workspace).await,
+                KeyCommand::Create { workspace, scopes } => admin::create_key(&db, &workspace, &scopes).await,
+                KeyCommand::Revoke { id } => admin::revoke_key(&db, &id).await,
+                KeyCommand::List { workspace } => admin::list_keys(&db.pool, &workspace).await,
             }
         }
     }

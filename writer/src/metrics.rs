@@ -77,6 +77,12 @@ pub struct Metrics {
     /// Transactions of several workspaces that failed: their groups went back, set apart to be
     /// applied alone (docs/architecture.md, "Isolation in the writer").
     pub shared_transactions_failed: Counter,
+    /// Commits whose wait for a synchronous standby, or whose answer's wait for a standby's
+    /// flush, passed the bound: an outage, retried, nothing answered (`durability.rs`).
+    pub unreplicated_commits: Counter,
+    /// 1 while the database lacks migrations this build's statements use (at the start, or
+    /// found when a statement failed on a missing column or table): nothing is applied.
+    pub schema_behind: Gauge,
 }
 
 impl Metrics {
@@ -102,6 +108,8 @@ impl Metrics {
             backlog_budget_bytes: Gauge::default(),
             worker_restarts: Counter::default(),
             shared_transactions_failed: Counter::default(),
+            unreplicated_commits: Counter::default(),
+            schema_behind: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -174,6 +182,16 @@ impl Metrics {
             "shared_transactions_failed",
             "Transactions of several workspaces that failed; their workspaces were set apart",
             metrics.shared_transactions_failed.clone(),
+        );
+        registry.register(
+            "unreplicated_commits",
+            "Commits not confirmed flushed by a synchronous standby within the bound; retried, unanswered",
+            metrics.unreplicated_commits.clone(),
+        );
+        registry.register(
+            "schema_behind",
+            "1 while the database lacks migrations this version uses (waiting for intake-writer migrate)",
+            metrics.schema_behind.clone(),
         );
         Metrics { registry, ..metrics }
     }

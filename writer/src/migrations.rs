@@ -70,6 +70,33 @@ pub async fn missing(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
     Ok(expand.into_iter().map(|(version, _, _)| version).filter(|version| !applied.contains(version)).collect())
 }
 
+/// The applied migrations that this build's files do not match, each named with what differs:
+/// a file changed after it was applied (sqlx's SHA-384 of it differs), or an applied version no
+/// file of this build knows. A writer refuses to start on such a database: its schema is not
+/// the one the files describe (deploy/RUNBOOK.md, "Schema migrations").
+pub async fn drifted(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let migrated: bool =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await?;
+    if !migrated {
+        return Ok(Vec::new());
+    }
+    let applied: Vec<(i64, String, Vec<u8>)> =
+        sqlx::query_as("SELECT version, description, checksum FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(pool)
+            .await?;
+    let ours = migrator_of(MIGRATIONS);
+    Ok(applied
+        .into_iter()
+        .filter_map(|(version, description, checksum)| match ours.iter().find(|m| m.version == version) {
+            None => Some(format!("{version} ({description}): applied, but this build has no such migration")),
+            Some(m) if *m.checksum != *checksum => {
+                Some(format!("{version} ({description}): its file changed after it was applied (checksum differs)"))
+            }
+            Some(_) => None,
+        })
+        .collect())
+}
+
 /// The versions the database has applied (none if it was never migrated).
 async fn applied(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
     let migrated: bool =
@@ -99,6 +126,34 @@ fn migrator_of(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_migration_differs_from_the_committed_manifest() {
+        let manifest = include_str!("../../migrations/manifest.txt");
+        let listed: Vec<(i64, &str)> = manifest
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+            .map(|line| {
+                let mut words = line.split_whitespace();
+                let version = words.next().and_then(|v| v.parse().ok()).unwrap_or(-1);
+                (version, words.next().unwrap_or_default())
+            })
+            .collect();
+        let ours: Vec<(i64, String)> = migrator_of(MIGRATIONS)
+            .iter()
+            .map(|m| (m.version, m.checksum.iter().map(|b| format!("{b:02x}")).collect()))
+            .collect();
+        for (version, checksum) in &ours {
+            let line = listed.iter().find(|(v, _)| v == version);
+            assert!(line.is_some(), "migration {version} is not in migrations/manifest.txt: add its line");
+            assert_eq!(
+                line.map(|(_, c)| *c),
+                Some(checksum.as_str()),
+                "migration {version} changed after it was committed: revert it, and make the change a new migration"
+            );
+        }
+        assert_eq!(listed.len(), ours.len(), "the manifest lists a migration that no file holds");
+    }
 
     #[test]
     fn every_migration_is_embedded_in_order_with_sqlx_s_descriptions() {

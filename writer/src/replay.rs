@@ -3,7 +3,7 @@
 //! fixed. A message that was already applied is recognised by its id and changes nothing.
 
 use crate::expiry;
-use crate::store;
+use crate::store::{self, Database};
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
 use intake_common::conversion::Conversion;
@@ -36,7 +36,7 @@ pub enum Newer {
 }
 
 pub async fn replay(
-    pool: &PgPool,
+    db: &Database,
     kafka: &KafkaArgs,
     topic: &str,
     start: Start,
@@ -65,7 +65,7 @@ pub async fn replay(
                 Ok(WriteRequest::V1(mut request)) => {
                     if newer == Newer::Keep {
                         let before = request.items.len();
-                        request.items = without_newer(pool, &request).await?;
+                        request.items = without_newer(&db.pool, &request).await?;
                         kept_newer += (before - request.items.len()) as u64;
                         if request.items.is_empty() {
                             continue;
@@ -77,7 +77,7 @@ pub async fn replay(
                         expired += 1;
                         continue;
                     }
-                    match store::apply_chunk(pool, &request).await {
+                    match db.apply_chunk(&request).await {
                         Ok(store::Chunk::Applied(outcome)) if outcome.first_time => applied += 1,
                         Ok(store::Chunk::Applied(_)) => already += 1,
                         Ok(store::Chunk::RequestFailed) => request_failed += 1,

@@ -53,13 +53,15 @@ impl Classify for sqlx::Error {
 /// Class 08 (connection), 53300 (too many connections) and 57P01-57P03 (shutdown, crash,
 /// cannot connect now) are a server that is away; 25006 (read-only transaction) is a node that
 /// is no longer the primary. The rest of class 53 (disk full, out of memory), 57P04-57P05 and
-/// 40001/40P01 (serialization failure, deadlock) may be one message's own doing as well.
+/// 40001/40P01 (serialization failure, deadlock) may be one message's own doing as well. So may
+/// an undefined column, table or function (42703, 42P01, 42883): a schema behind this version's,
+/// which the probe finds (`Store::takes_writes`), is waited out, never dead-lettered.
 fn sqlstate_failure(code: &str) -> Failure {
     match code {
         "53300" | "57P01" | "57P02" | "57P03" => Failure::Outage,
         "25006" => Failure::Standby,
         "55P03" => Failure::Busy,
-        "40001" | "40P01" | "57P04" | "57P05" => Failure::MaybeOutage,
+        "40001" | "40P01" | "57P04" | "57P05" | "42703" | "42P01" | "42883" => Failure::MaybeOutage,
         _ if code.starts_with("08") => Failure::Outage,
         _ if code.starts_with("53") => Failure::MaybeOutage,
         _ => Failure::Permanent,
@@ -232,6 +234,9 @@ mod tests {
         assert_eq!(sqlstate_failure("57014"), Failure::Permanent, "a statement timeout recurs for the same chunk");
         assert_eq!(sqlstate_failure("23505"), Failure::Permanent);
         assert_eq!(sqlstate_failure("22P05"), Failure::Permanent, "untranslatable character");
+        for undefined in ["42703", "42P01", "42883"] {
+            assert_eq!(sqlstate_failure(undefined), Failure::MaybeOutage, "a schema behind, if the probe finds one");
+        }
     }
 
     /// An error of a chosen class.

@@ -5,19 +5,20 @@
 //! has at hand share one transaction; the chunks of one workspace among them are planned as one
 //! run of items, in order, so 16 single sends cost the statements of one.
 
+use crate::durability::Durability;
 use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use crate::retry::{Classify, Failure};
 use intake_common::conversion::Conversion;
 use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
+use prometheus_client::metrics::gauge::Gauge;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::{Connection, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
@@ -98,37 +99,14 @@ async fn refuse_standby(connection: &mut PgConnection) -> Result<(), sqlx::Error
     Ok(())
 }
 
-/// A connection that met a node taking no writes keeps meeting it: it is closed, not returned to
-/// the pool.
-fn close_if_on_standby<T>(connection: &mut PoolConnection<Postgres>, outcome: &Result<T, sqlx::Error>) {
-    if outcome.as_ref().is_err_and(|error| error.failure() == Failure::Standby) {
+/// A connection that met a node taking no writes keeps meeting it, and one that met an outage
+/// may be cut off in the middle of a statement (a commit still waiting for the standby): it is
+/// closed, not returned to the pool.
+fn close_if_unusable<T>(connection: &mut PoolConnection<Postgres>, outcome: &Result<T, sqlx::Error>) {
+    if outcome.as_ref().is_err_and(|error| matches!(error.failure(), Failure::Standby | Failure::Outage)) {
         connection.close_on_drop();
     }
 }
-
-/// Commits so that success means the synchronous standby has the commit too (docs/architecture.md,
-/// "Failure classes").
-/// The transaction takes an id, so that its commit waits for the standby even when it wrote
-/// nothing: a redelivered message is answered from applied_messages, which the primary shows
-/// before the standby confirmed it. COMMIT is exempt from `statement_timeout`: PostgreSQL reports
-/// a cancelled wait for the standby as a WARNING, on a commit that then exists on the primary
-/// alone. How long the wait may last is bounded by the HA layout, which drops a silent standby
-/// from the synchronous set (`wal_sender_timeout`, Patroni).
-async fn commit_replicated(mut tx: Transaction<'_, Postgres>, prepared: Prepared) -> Result<(), sqlx::Error> {
-    if prepared == Prepared::No {
-        sqlx::query(concat!("SELECT ", commit_settings!(), ", pg_current_xact_id()::text")).execute(&mut *tx).await?;
-    }
-    tx.commit().await
-}
-
-/// The settings of [`commit_replicated`], as a select list: folded into a transaction's last
-/// statement where it has one that writes (and so has an id), a round trip less.
-macro_rules! commit_settings {
-    () => {
-        "set_config('statement_timeout', '0', true)"
-    };
-}
-use commit_settings;
 
 /// Inserts workspace `$1`'s new chains, their ids the array parameter named.
 macro_rules! insert_chains {
@@ -140,10 +118,9 @@ macro_rules! insert_chains {
 /// A chunk's write, as one statement: the plan's new chains (`$19`), its rows (`$2` to `$18`, in
 /// the workspace `$1`) and the message ids applied with their results (`$20`, `$21`), each a
 /// data-modifying `WITH` of one round trip. A row's chain may be one inserted beside it: the
-/// foreign key is checked at the statement's end. The select list is the statement's result:
-/// [`commit_settings`] when it is the transaction's last.
+/// foreign key is checked at the statement's end.
 macro_rules! write_chunk {
-    ($($select:tt)+) => {
+    () => {
         concat!(
             "WITH new_chains AS (",
             insert_chains!("$19"),
@@ -169,17 +146,9 @@ macro_rules! write_chunk {
                  ",
             intake_common::conversions_on_conflict!(),
             ")
-             SELECT ",
-            $($select)+
+             SELECT 1"
         )
     };
-}
-
-/// Whether the transaction's last statement already took an id and set [`commit_settings`].
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Prepared {
-    Yes,
-    No,
 }
 
 pub struct Applied {
@@ -215,153 +184,207 @@ pub enum Lock {
     Try,
 }
 
-/// Applies the chunk, waiting for its workspace's lock, or returns the results it had when it
-/// was first applied.
-pub async fn apply_chunk(pool: &PgPool, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {
-    match apply_run(pool, &request.workspace_id, &[request], Lock::Wait).await? {
-        Run::Done(mut chunks) => chunks.pop().ok_or(sqlx::Error::RowNotFound),
-        Run::Busy => Err(sqlx::Error::RowNotFound),
-    }
+/// The database the writer applies to, and when what it commits may be acknowledged.
+#[derive(Clone)]
+pub struct Database {
+    pub pool: PgPool,
+    pub durability: Durability,
+    /// 1 while the database lacks migrations this build uses (`metrics.rs`).
+    pub schema_behind: Gauge,
 }
 
-/// Applies one workspace's chunks in order in one transaction: one commit (one WAL flush) for
-/// all the messages of the workspace at hand. If any fails, none is applied. One outcome per
-/// request, in order.
-pub async fn apply_run(
-    pool: &PgPool,
-    workspace_id: &str,
-    requests: &[&WriteRequestV1],
-    lock: Lock,
-) -> Result<Run, sqlx::Error> {
-    let mut runs = apply_runs(pool, &[(workspace_id, requests)], lock).await?;
-    runs.pop().ok_or(sqlx::Error::RowNotFound)
+impl Database {
+    /// Applies the chunk, waiting for its workspace's lock, or returns the results it had when
+    /// it was first applied.
+    pub async fn apply_chunk(&self, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {
+        match self.apply_run(&request.workspace_id, &[request], Lock::Wait).await? {
+            Run::Done(mut chunks) => chunks.pop().ok_or(sqlx::Error::RowNotFound),
+            Run::Busy => Err(sqlx::Error::RowNotFound),
+        }
+    }
+
+    /// Applies one workspace's chunks in order in one transaction: one commit (one WAL flush)
+    /// for all the messages of the workspace at hand. If any fails, none is applied. One
+    /// outcome per request, in order.
+    pub async fn apply_run(
+        &self,
+        workspace_id: &str,
+        requests: &[&WriteRequestV1],
+        lock: Lock,
+    ) -> Result<Run, sqlx::Error> {
+        let mut runs = self.apply_runs(&[(workspace_id, requests)], lock).await?;
+        runs.pop().ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Applies several workspaces' runs (see [`Database::apply_run`]) in one transaction, each
+    /// under its own lock: single sends of many workspaces share one commit. A workspace whose
+    /// lock is held elsewhere is [`Run::Busy`] and the others are applied; if any statement
+    /// fails, nothing is. Returns once what it answers for is durable (`durability.rs`).
+    pub async fn apply_runs(&self, runs: &[WorkspaceRun<'_>], lock: Lock) -> Result<Vec<Run>, sqlx::Error> {
+        let mut connection = self.pool.acquire().await?;
+        let outcome = self.apply_runs_on(&mut connection, runs, lock).await;
+        close_if_unusable(&mut connection, &outcome);
+        if outcome.is_ok() && self.schema_behind.get() > 0 {
+            tracing::info!("the database has the migrations this version uses again; applying");
+            self.schema_behind.set(0);
+        }
+        outcome
+    }
+
+    /// Whether the database lacks migrations this build's statements use: a statement that
+    /// failed on a missing column or table is then an outage that `migrate` ends, not the
+    /// message's fault. Unknown (the database unreadable) is not behind.
+    pub async fn schema_is_behind(&self) -> bool {
+        match crate::migrations::missing(&self.pool).await {
+            Ok(missing) if !missing.is_empty() => {
+                if self.schema_behind.get() == 0 {
+                    tracing::error!(
+                        ?missing,
+                        "a statement failed on a schema behind this version's: nothing is applied until `intake-writer migrate`"
+                    );
+                }
+                self.schema_behind.set(1);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    async fn apply_runs_on(
+        &self,
+        connection: &mut PgConnection,
+        runs: &[WorkspaceRun<'_>],
+        lock: Lock,
+    ) -> Result<Vec<Run>, sqlx::Error> {
+        let mut tx = connection.begin().await?;
+        if runs.len() > 1 {
+            // Workspaces applied together wait for each other: a statement or a row lock that
+            // takes long ends the transaction soon, and the caller applies each workspace
+            // alone, with the connection's own bounds.
+            sqlx::query("SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)")
+                .bind(TOGETHER_STATEMENT_TIMEOUT.as_millis().to_string())
+                .bind(TOGETHER_LOCK_TIMEOUT.as_millis().to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let mut outcomes = Vec::with_capacity(runs.len());
+        let mut pid = 0;
+        for &(workspace_id, requests) in runs {
+            let (run, backend) = apply_workspace(&mut tx, workspace_id, requests, lock).await?;
+            pid = backend;
+            outcomes.push(run);
+        }
+        if outcomes.iter().any(|run| matches!(run, Run::Done(_))) {
+            // Also when every message had been applied before and nothing was written: their
+            // first commit may be on this server alone.
+            self.durability.commit(tx, pid).await?;
+            self.durability.confirm(connection).await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(outcomes)
+    }
+
+    /// Marks the requests whose chunks failed for good (or expired), so that no later chunk of
+    /// them is applied, by this writer or another one after a rebalance or a restart.
+    pub async fn mark_requests_failed(&self, workspace_id: &str, parts: &[&RequestPart]) -> Result<(), sqlx::Error> {
+        // One row per request, at its lowest failed chunk: a statement may not update a row twice.
+        let mut lowest: BTreeMap<&str, u32> = BTreeMap::new();
+        for part in parts {
+            lowest.entry(&part.id).and_modify(|index| *index = (*index).min(part.index)).or_insert(part.index);
+        }
+        let ids: Vec<&str> = lowest.keys().copied().collect();
+        let indexes: Vec<i32> = lowest.values().map(|index| i32::try_from(*index).unwrap_or(i32::MAX)).collect();
+        let mut connection = self.pool.acquire().await?;
+        let marked = async {
+            let mut tx = connection.begin().await?;
+            let pid: i32 = sqlx::query_scalar(
+                "WITH marked AS (
+                     INSERT INTO failed_requests (request_id, workspace_id, chunk_index)
+                     SELECT id, $2, chunk_index FROM unnest($1::text[], $3::int4[]) AS failed(id, chunk_index)
+                     ON CONFLICT (request_id) DO UPDATE
+                        SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index))
+                 SELECT pg_backend_pid()",
+            )
+            .bind(&ids)
+            .bind(workspace_id)
+            .bind(&indexes)
+            .fetch_one(&mut *tx)
+            .await?;
+            self.durability.commit(tx, pid).await?;
+            self.durability.confirm(&mut connection).await
+        }
+        .await;
+        close_if_unusable(&mut connection, &marked);
+        marked
+    }
+
+    /// A small write, committed and confirmed as a chunk's is: whether PostgreSQL takes writes
+    /// at all. An error of a class that could be an outage (out of memory, disk full) is one
+    /// only while this fails too.
+    pub async fn probe_writes(&self) -> Result<(), sqlx::Error> {
+        let mut connection = self.pool.acquire().await?;
+        let probed = async {
+            let mut tx = connection.begin().await?;
+            let pid: i32 = sqlx::query_scalar(
+                "WITH probed AS (
+                     INSERT INTO writer_probe (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now())
+                 SELECT pg_backend_pid()",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            self.durability.commit(tx, pid).await?;
+            self.durability.confirm(&mut connection).await
+        }
+        .await;
+        close_if_unusable(&mut connection, &probed);
+        probed
+    }
 }
 
 /// One workspace's chunks, in order.
 pub type WorkspaceRun<'a> = (&'a str, &'a [&'a WriteRequestV1]);
 
-/// Applies several workspaces' runs (see [`apply_run`]) in one transaction, each under its own
-/// lock: single sends of many workspaces share one commit. A workspace whose lock is held
-/// elsewhere is [`Run::Busy`] and the others are applied; if any statement fails, nothing is.
-pub async fn apply_runs(pool: &PgPool, runs: &[WorkspaceRun<'_>], lock: Lock) -> Result<Vec<Run>, sqlx::Error> {
-    let mut connection = pool.acquire().await?;
-    let outcome = apply_runs_on(&mut connection, runs, lock).await;
-    close_if_on_standby(&mut connection, &outcome);
-    outcome
-}
-
-async fn apply_runs_on(
-    connection: &mut PgConnection,
-    runs: &[WorkspaceRun<'_>],
-    lock: Lock,
-) -> Result<Vec<Run>, sqlx::Error> {
-    let mut tx = connection.begin().await?;
-    if runs.len() > 1 {
-        // Workspaces applied together wait for each other: a statement or a row lock that
-        // takes long ends the transaction soon, and the caller applies each workspace alone,
-        // with the connection's own bounds.
-        sqlx::query("SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)")
-            .bind(TOGETHER_STATEMENT_TIMEOUT.as_millis().to_string())
-            .bind(TOGETHER_LOCK_TIMEOUT.as_millis().to_string())
-            .execute(&mut *tx)
-            .await?;
-    }
-    let mut outcomes = Vec::with_capacity(runs.len());
-    let mut prepared = Prepared::No;
-    for (index, &(workspace_id, requests)) in runs.iter().enumerate() {
-        let last = index + 1 == runs.len();
-        let (run, run_prepared) = apply_workspace(&mut tx, workspace_id, requests, lock, last).await?;
-        prepared = run_prepared;
-        outcomes.push(run);
-    }
-    if outcomes.iter().any(|run| matches!(run, Run::Done(_))) {
-        commit_replicated(tx, prepared).await?;
-    } else {
-        tx.rollback().await?;
-    }
-    Ok(outcomes)
-}
-
-/// Marks the requests whose chunks failed for good (or expired), so that no later chunk of them
-/// is applied, by this writer or another one after a rebalance or a restart.
-pub async fn mark_requests_failed(
-    pool: &PgPool,
-    workspace_id: &str,
-    parts: &[&RequestPart],
-) -> Result<(), sqlx::Error> {
-    // One row per request, at its lowest failed chunk: a statement may not update a row twice.
-    let mut lowest: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
-    for part in parts {
-        lowest.entry(&part.id).and_modify(|index| *index = (*index).min(part.index)).or_insert(part.index);
-    }
-    let ids: Vec<&str> = lowest.keys().copied().collect();
-    let indexes: Vec<i32> = lowest.values().map(|index| i32::try_from(*index).unwrap_or(i32::MAX)).collect();
-    let mut connection = pool.acquire().await?;
-    let marked = async {
-        let mut tx = connection.begin().await?;
-        sqlx::query(
-            "INSERT INTO failed_requests (request_id, workspace_id, chunk_index)
-             SELECT id, $2, chunk_index FROM unnest($1::text[], $3::int4[]) AS failed(id, chunk_index)
-             ON CONFLICT (request_id) DO UPDATE SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index)",
-        )
-        .bind(&ids)
-        .bind(workspace_id)
-        .bind(&indexes)
-        .execute(&mut *tx)
-        .await?;
-        commit_replicated(tx, Prepared::No).await
-    }
-    .await;
-    close_if_on_standby(&mut connection, &marked);
-    marked
-}
-
-/// A small committed write: whether PostgreSQL takes writes at all. An error of a class that
-/// could be an outage (out of memory, disk full) is one only while this fails too.
-pub async fn probe_writes(pool: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("INSERT INTO writer_probe (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()")
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 /// A message id already applied and its results; both null when none of the ids is (the row of
 /// the lock alone).
 type LookedUp = (Option<String>, Option<Json<Vec<ItemResult>>>);
-/// Whether the lock was taken, and a [`LookedUp`].
-type Locked = (bool, Option<String>, Option<Json<Vec<ItemResult>>>);
+/// Whether the lock was taken, the session's backend id, and a [`LookedUp`].
+type Locked = (bool, i32, Option<String>, Option<Json<Vec<ItemResult>>>);
 
-/// One workspace's requests, in order; `last`: its statements are the transaction's last.
+/// One workspace's requests, in order; with the session's backend id.
 async fn apply_workspace(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
     requests: &[&WriteRequestV1],
     lock: Lock,
-    last: bool,
-) -> Result<(Run, Prepared), sqlx::Error> {
+) -> Result<(Run, i32), sqlx::Error> {
     // One workspace's chunks are applied one at a time, across writers and replays: the chain
     // rules read, then write, rows of the whole workspace. The lock and the look-up of the
     // message ids are one round trip. After a wait for the lock, the look-up reads a snapshot
     // from before it was granted; a message applied meanwhile by another writer is still caught,
-    // by the primary key of applied_messages at the insert below.
+    // by the primary key of applied_messages at the insert below. The backend's id comes along,
+    // for a commit whose wait for the standby is to be cancelled (`durability.rs`).
     let sql = match lock {
         Lock::Wait => {
-            "SELECT true AS locked, m.correlation_id, m.results
+            "SELECT true AS locked, pg_backend_pid() AS pid, m.correlation_id, m.results
                FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l
                LEFT JOIN applied_messages m ON m.correlation_id = ANY($2)"
         }
         Lock::Try => {
-            "SELECT l.locked, m.correlation_id, m.results
+            "SELECT l.locked, pg_backend_pid() AS pid, m.correlation_id, m.results
                FROM (SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)) AS locked) AS l
                LEFT JOIN applied_messages m ON l.locked AND m.correlation_id = ANY($2)"
         }
     };
     let ids: Vec<&str> = requests.iter().map(|r| r.correlation_id.as_str()).collect();
     let looked_up: Vec<Locked> = sqlx::query_as(sql).bind(workspace_id).bind(&ids).fetch_all(&mut **tx).await?;
-    if !looked_up.first().is_some_and(|(locked, _, _)| *locked) {
-        return Ok((Run::Busy, Prepared::No));
+    let Some(&(locked, pid, _, _)) = looked_up.first() else {
+        return Err(sqlx::Error::RowNotFound);
+    };
+    if !locked {
+        return Ok((Run::Busy, pid));
     }
-    let previous: Vec<LookedUp> = looked_up.into_iter().map(|(_, id, results)| (id, results)).collect();
+    let previous: Vec<LookedUp> = looked_up.into_iter().map(|(_, _, id, results)| (id, results)).collect();
     let mut previous: HashMap<String, Vec<ItemResult>> =
         previous.into_iter().filter_map(|(id, results)| Some((id?, results?.0))).collect();
     let failed = failed_requests(tx, requests).await?;
@@ -400,12 +423,10 @@ async fn apply_workspace(
             })
             .collect();
         let recorded = Recorded { ids: fresh.iter().map(|r| r.correlation_id.as_str()).collect(), results: texts };
-        // The commit settings end the transaction's bounds: only its last statement sets them.
         let matching = Matching::of(&plan.writes);
-        let write_is_last = last && matching.matchable.is_empty();
         matching.forget_stale(tx).await?;
-        write_plan(tx, workspace_id, &plan, &recorded, write_is_last).await?;
-        matching.match_visits(tx, workspace_id, last).await?;
+        write_plan(tx, workspace_id, &plan, &recorded).await?;
+        matching.match_visits(tx, workspace_id).await?;
         let mut results = plan.results.into_iter();
         let mut merged = plan.merged_by_message.into_iter();
         for request in &fresh {
@@ -413,7 +434,6 @@ async fn apply_workspace(
             fresh_results.insert(request.correlation_id.as_str(), (own, merged.next().unwrap_or_default()));
         }
     }
-    let prepared = if last && !fresh.is_empty() { Prepared::Yes } else { Prepared::No };
     let run = Run::Done(
         requests
             .iter()
@@ -424,7 +444,7 @@ async fn apply_workspace(
             })
             .collect(),
     );
-    Ok((run, prepared))
+    Ok((run, pid))
 }
 
 /// The requests among these (by the gateway's request id) of which a chunk failed for good,
@@ -513,7 +533,6 @@ async fn write_plan(
     workspace_id: &str,
     plan: &Plan,
     recorded: &Recorded<'_>,
-    last: bool,
 ) -> Result<(), sqlx::Error> {
     let mut new_chains: &[String] = &plan.new_chains;
     if !plan.merges.is_empty() {
@@ -543,11 +562,7 @@ async fn write_plan(
     let tags: Vec<Option<String>> = column(rows, |r| {
         r.fields.tags.as_ref().map(|tags| serde_json::to_string(tags).unwrap_or_else(|_| "{}".to_owned()))
     });
-    let sql = match last {
-        true => write_chunk!(commit_settings!()),
-        false => write_chunk!("1"),
-    };
-    sqlx::query(sql)
+    sqlx::query(write_chunk!())
         .bind(workspace_id)
         .bind(column(rows, |r| r.id.as_str()))
         .bind(column(rows, |r| r.event.as_str()))
@@ -577,10 +592,6 @@ async fn write_plan(
 /// Matching window (docs/api.md, "Matching to visits"): conversions older than this at receipt get no matches,
 /// and visits older than this before a conversion do not match it.
 const MATCH_WINDOW_MS: i64 = 90 * 24 * 60 * 60 * 1000;
-
-/// [`lookups::MATCH_VISITS`] as a transaction's last statement, with the [`commit_settings`].
-static MATCH_VISITS_LAST: LazyLock<String> =
-    LazyLock::new(|| format!("WITH matched AS ({}) SELECT {}", lookups::MATCH_VISITS, commit_settings!()));
 
 /// The visit matches the written conversions need: by the 16-character visitor id, by click id,
 /// and by contact id against the visit's recipient id; visits at or before `occurred_at` and
@@ -620,18 +631,12 @@ impl<'a> Matching<'a> {
         Ok(())
     }
 
-    async fn match_visits(
-        &self,
-        tx: &mut Transaction<'_, Postgres>,
-        workspace_id: &str,
-        last: bool,
-    ) -> Result<(), sqlx::Error> {
+    async fn match_visits(&self, tx: &mut Transaction<'_, Postgres>, workspace_id: &str) -> Result<(), sqlx::Error> {
         if self.matchable.is_empty() {
             return Ok(());
         }
         let rows = &self.matchable;
-        let sql = if last { MATCH_VISITS_LAST.as_str() } else { lookups::MATCH_VISITS };
-        sqlx::query(sql)
+        sqlx::query(lookups::MATCH_VISITS)
             .bind(workspace_id)
             .bind(rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>())
             .bind(rows.iter().map(|r| r.fields.visitor_id.as_deref()).collect::<Vec<_>>())
