@@ -221,3 +221,72 @@ async fn a_writer_started_before_migrate_waits_not_ready_and_applies_once_the_sc
         "nothing dead-lettered"
     );
 }
+
+#[tokio::test]
+async fn a_statement_that_meets_a_schema_behind_is_waited_out_never_dead_lettered() {
+    let own = intake_tests::OwnDatabase::create("schema_mid").await;
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(own.url.clone()),
+        write_timeout_ms: 60_000,
+        ..Default::default()
+    })
+    .await;
+    let key = stack.workspace();
+    assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    // As a database restored from before an expand migration: a column this version writes is
+    // not there, and the migration that adds it is pending.
+    let db = own.pool().await;
+    type Row = (i64, String, bool, Vec<u8>, i64);
+    let pending: Row = sqlx::query_as(
+        "DELETE FROM _sqlx_migrations WHERE version = 39
+         RETURNING version, description, success, checksum, execution_time",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("ALTER TABLE conversions RENAME COLUMN hdyhau TO hdyhau_pending")
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let input = conversion("lead");
+    let client = stack.client();
+    let (sending, body) = (key.clone(), input.clone());
+    let sent = tokio::spawn(async move { client.post("/v1/conversions", &sending, &body).await });
+    let ops = stack.writer_ops_urls[0].clone();
+    intake_tests::wait_until("the writer not ready, its schema behind", Duration::from_secs(20), || async {
+        stack.ops_get(&format!("{ops}/readyz")).await.1.contains(r#""reason":"schema_behind""#)
+    })
+    .await;
+    assert_eq!(stack.writer_metrics(0).await.value("intake_writer_schema_behind"), 1.0);
+    assert_eq!(stack.ops_get(&format!("{ops}/healthz")).await.0, 200, "an outage, waited out");
+    assert!(!sent.is_finished(), "no answer while the schema is behind");
+
+    // `migrate` brings the column: the send is applied and answered.
+    sqlx::query("ALTER TABLE conversions RENAME COLUMN hdyhau_pending TO hdyhau")
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(pending.0)
+    .bind(&pending.1)
+    .bind(pending.2)
+    .bind(&pending.3)
+    .bind(pending.4)
+    .execute(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let reply = sent.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let metrics = stack.writer_metrics(0).await;
+    let dead_lettered: Vec<&str> = metrics
+        .0
+        .lines()
+        .filter(|l| l.starts_with("intake_writer_dead_lettered_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(dead_lettered.is_empty(), "{dead_lettered:?}");
+    assert_eq!(metrics.value("intake_writer_schema_behind"), 0.0);
+}
