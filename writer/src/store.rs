@@ -14,7 +14,8 @@ use intake_common::conversion::Conversion;
 use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
 use prometheus_client::metrics::gauge::Gauge;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::query::QueryScalar;
 use sqlx::types::Json;
 use sqlx::{Connection, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
@@ -295,50 +296,45 @@ impl Database {
         }
         let ids: Vec<&str> = lowest.keys().copied().collect();
         let indexes: Vec<i32> = lowest.values().map(|index| i32::try_from(*index).unwrap_or(i32::MAX)).collect();
-        let mut connection = self.pool.acquire().await?;
-        let marked = async {
-            let mut tx = connection.begin().await?;
-            let pid: i32 = sqlx::query_scalar(
-                "WITH marked AS (
-                     INSERT INTO failed_requests (request_id, workspace_id, chunk_index)
-                     SELECT id, $2, chunk_index FROM unnest($1::text[], $3::int4[]) AS failed(id, chunk_index)
-                     ON CONFLICT (request_id) DO UPDATE
-                        SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index))
-                 SELECT pg_backend_pid()",
-            )
-            .bind(&ids)
-            .bind(workspace_id)
-            .bind(&indexes)
-            .fetch_one(&mut *tx)
-            .await?;
-            self.durability.commit(tx, pid).await?;
-            self.durability.confirm(&mut connection).await
-        }
-        .await;
-        close_if_unusable(&mut connection, &marked);
-        marked
+        let marking = sqlx::query_scalar(
+            "WITH marked AS (
+                 INSERT INTO failed_requests (request_id, workspace_id, chunk_index)
+                 SELECT id, $2, chunk_index FROM unnest($1::text[], $3::int4[]) AS failed(id, chunk_index)
+                 ON CONFLICT (request_id) DO UPDATE
+                    SET chunk_index = least(failed_requests.chunk_index, excluded.chunk_index))
+             SELECT pg_backend_pid()",
+        )
+        .bind(&ids)
+        .bind(workspace_id)
+        .bind(&indexes);
+        self.write_alone(marking).await
     }
 
     /// A small write, committed and confirmed as a chunk's is: whether PostgreSQL takes writes
     /// at all. An error of a class that could be an outage (out of memory, disk full) is one
     /// only while this fails too.
     pub async fn probe_writes(&self) -> Result<(), sqlx::Error> {
+        self.write_alone(sqlx::query_scalar(
+            "WITH probed AS (
+                 INSERT INTO writer_probe (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now())
+             SELECT pg_backend_pid()",
+        ))
+        .await
+    }
+
+    /// `statement`, a write whose result is the session's backend id, in a transaction of its
+    /// own, committed and confirmed (`durability.rs`).
+    async fn write_alone(&self, statement: QueryScalar<'_, Postgres, i32, PgArguments>) -> Result<(), sqlx::Error> {
         let mut connection = self.pool.acquire().await?;
-        let probed = async {
+        let written = async {
             let mut tx = connection.begin().await?;
-            let pid: i32 = sqlx::query_scalar(
-                "WITH probed AS (
-                     INSERT INTO writer_probe (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now())
-                 SELECT pg_backend_pid()",
-            )
-            .fetch_one(&mut *tx)
-            .await?;
+            let pid = statement.fetch_one(&mut *tx).await?;
             self.durability.commit(tx, pid).await?;
             self.durability.confirm(&mut connection).await
         }
         .await;
-        close_if_unusable(&mut connection, &probed);
-        probed
+        close_if_unusable(&mut connection, &written);
+        written
     }
 }
 
