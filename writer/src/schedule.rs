@@ -405,20 +405,33 @@ impl<M> Scheduler<M> {
         self.wake.notify_one();
     }
 
-    /// The paused partitions whose reasons are gone: the budget is down to three quarters, and
-    /// each workspace that paused one is down to half its share.
+    /// The paused partitions whose reasons are gone: each workspace that paused one is down to
+    /// half its share, and the budget is down to three quarters of what the stuck workspaces
+    /// leave of it. Stuck: found busy (waiting for a lock held elsewhere), or beyond its share
+    /// (its own partition paused for it). Their bytes stay until they are answered, which may be
+    /// never: counted against the whole budget, two or three of them could keep it above three
+    /// quarters for good, and every partition paused with it.
     fn resumable(&self, state: &mut State<M>) -> Vec<i32> {
-        if state.full && state.held() <= self.budget / 4 * 3 {
-            state.full = false;
-            for pause in state.paused.values_mut() {
+        let half_share = self.share(state.workspaces.len()) / 2;
+        let held = state.held();
+        let State { workspaces, paused, full, .. } = state;
+        for pause in paused.values_mut() {
+            pause.workspaces.retain(|id| workspaces.get(id).is_some_and(|w| w.bytes > half_share));
+        }
+        let beyond_share: BTreeSet<&String> = paused.values().flat_map(|pause| pause.workspaces.iter()).collect();
+        let parked: usize = workspaces
+            .iter()
+            .filter(|(id, w)| w.waiting_since.is_some() || beyond_share.contains(id))
+            .map(|(_, w)| w.bytes)
+            .sum();
+        if *full && held.saturating_sub(parked) <= self.budget.saturating_sub(parked) / 4 * 3 {
+            *full = false;
+            for pause in paused.values_mut() {
                 pause.full = false;
             }
         }
-        let half_share = self.share(state.workspaces.len()) / 2;
-        let State { workspaces, paused, .. } = state;
         let mut resume = Vec::new();
         paused.retain(|&partition, pause| {
-            pause.workspaces.retain(|id| workspaces.get(id).is_some_and(|w| w.bytes > half_share));
             let done = pause.is_empty();
             if done {
                 resume.push(partition);
@@ -601,6 +614,43 @@ mod tests {
             resumed = taken.finish(usize::MAX).resume;
         }
         assert_eq!(resumed, vec![3], "its lock released, its backlog answered");
+    }
+
+    #[tokio::test]
+    async fn stuck_workspaces_on_several_partitions_never_keep_the_others_paused() {
+        for stuck in [2, 3, 5] {
+            let scheduler = Scheduler::new(1_000, 64);
+            let mut offset = 0;
+            // Each stuck workspace, on a partition of its own, is read until its share pauses it.
+            for n in 0..stuck {
+                let workspace = format!("stuck{n}");
+                while !scheduler.push(&workspace, sized(n, offset, 50)).contains(&n) {
+                    offset += 1;
+                    assert!(offset < 1_000, "{workspace} never paused");
+                }
+                offset += 1;
+            }
+            // A burst of a healthy workspace on another partition reaches the budget.
+            let healthy = stuck;
+            while !scheduler.push("healthy", sized(healthy, offset, 50)).contains(&healthy) {
+                offset += 1;
+            }
+            assert!(scheduler.held_bytes() >= 1_000, "{stuck} stuck: the budget reached");
+            // Its messages are answered, the stuck ones never: the healthy partition reads again.
+            let mut resumed = Vec::new();
+            while !resumed.contains(&healthy) {
+                let taken = scheduler.take().await;
+                let answered = if taken.group().workspace_id.starts_with("stuck") { 0 } else { usize::MAX };
+                resumed.extend(taken.finish(answered).resume);
+                if !scheduler.lock().workspaces.contains_key("healthy") {
+                    break;
+                }
+            }
+            assert!(resumed.contains(&healthy), "{stuck} stuck: the healthy partition reads again");
+            // The first two are beyond their share: their partitions stay paused (a stuck
+            // workspace within its share leaves its neighbours reading, as before).
+            assert!(!resumed.contains(&0) && !resumed.contains(&1), "{stuck} stuck: {resumed:?}");
+        }
     }
 
     #[tokio::test]
