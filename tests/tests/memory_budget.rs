@@ -297,3 +297,66 @@ async fn a_workspace_held_elsewhere_past_the_bound_makes_the_writer_unready_but_
     })
     .await;
 }
+
+#[tokio::test]
+async fn several_workspaces_stuck_on_their_own_partitions_never_stop_the_others() {
+    let mut writer_args: Vec<String> =
+        ["--read-budget-mib", "1", "--workspace-wait-bound-ms", "60000"].map(String::from).to_vec();
+    writer_args.extend(kafka_options(&["queued.max.messages.kbytes=2048", "fetch.max.bytes=1048576"]));
+    let stack =
+        Stack::start_with(StackOptions { write_timeout_ms: 5_000, writer_args, ..StackOptions::unlimited() }).await;
+    // Three workspaces stuck, each on a partition of its own; the fourth partition's are healthy.
+    let mut by_partition = stack.workspaces_on_every_partition();
+    let healthy_partition = stack.request_partition(&by_partition[3].workspace_id);
+    let stuck: Vec<TestKey> = by_partition.drain(..3).collect();
+    let mut healthy = by_partition;
+    while healthy.len() < 3 {
+        let key = stack.workspace();
+        if stack.request_partition(&key.workspace_id) == healthy_partition {
+            healthy.push(key);
+        }
+    }
+    let db = database().await;
+    let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    for key in &stuck {
+        sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+            .bind(&key.workspace_id)
+            .execute(&mut *holder)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // Their backlogs, several times the budget each: read until each is beyond its share and
+    // together past the whole budget.
+    let workspaces = stuck.clone();
+    let (messages, _) = tokio::task::spawn_blocking(move || backlog(&workspaces, 60))
+        .await
+        .unwrap_or_else(|e| panic!("building the backlog: {e}"));
+    produce(&format!("{}.requests", stack.topic_prefix), &messages).await;
+    wait_until("the stuck workspaces' partitions paused", Duration::from_secs(30), || async {
+        stack.writer_metrics(0).await.value("intake_writer_paused_partitions") >= 3.0
+    })
+    .await;
+    let held = stack.writer_metrics(0).await.value("intake_writer_backlog_bytes");
+    assert!(held >= 0.75 * 1024.0 * 1024.0, "the stuck workspaces hold most of the budget: {held}");
+
+    // The healthy workspaces keep writing, one send after another.
+    let started = Instant::now();
+    for round in 0..5 {
+        for key in &healthy {
+            let reply = stack.post("/v1/conversions", key, &conversion("lead")).await;
+            assert_eq!(reply.status, 201, "round {round}, after {:?}: {reply:?}", started.elapsed());
+        }
+    }
+    let metrics = stack.writer_metrics(0).await;
+    // The stuck workspaces' partitions stayed paused through it: what they hold did not grow
+    // past the budget and a message or two of overshoot.
+    let after = metrics.value("intake_writer_backlog_bytes");
+    assert!(after <= 1.5 * 1024.0 * 1024.0, "the stuck workspaces read on: {after} bytes held");
+    eprintln!(
+        "15 healthy sends in {:?} beside 3 stuck workspaces holding {} bytes of a 1 MiB budget, {} partitions paused",
+        started.elapsed(),
+        metrics.value("intake_writer_backlog_bytes"),
+        metrics.value("intake_writer_paused_partitions")
+    );
+    drop(holder);
+}

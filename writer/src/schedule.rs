@@ -412,11 +412,22 @@ impl<M> Scheduler<M> {
     /// never: counted against the whole budget, two or three of them could keep it above three
     /// quarters for good, and every partition paused with it.
     fn resumable(&self, state: &mut State<M>) -> Vec<i32> {
-        let half_share = self.share(state.workspaces.len()) / 2;
+        let share = self.share(state.workspaces.len());
+        let half_share = share / 2;
         let held = state.held();
         let State { workspaces, paused, full, .. } = state;
         for pause in paused.values_mut() {
             pause.workspaces.retain(|id| workspaces.get(id).is_some_and(|w| w.bytes > half_share));
+        }
+        // A stuck workspace beyond its share that was read while the budget was full holds its
+        // own partition paused too: the budget's pause ending must not let it read on.
+        for (id, workspace) in workspaces.iter() {
+            let partition = workspace.queue.front().map(|queued| queued.partition);
+            if let (Some(_), Some(pause)) = (workspace.waiting_since, partition.and_then(|p| paused.get_mut(&p))) {
+                if workspace.bytes >= share {
+                    pause.workspaces.insert(id.clone());
+                }
+            }
         }
         let beyond_share: BTreeSet<&String> = paused.values().flat_map(|pause| pause.workspaces.iter()).collect();
         let parked: usize = workspaces
