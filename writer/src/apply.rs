@@ -217,7 +217,8 @@ impl Worker {
         }
         self.metrics.shared_transactions_failed.inc();
         self.scheduler.set_apart(failed.iter().map(|t| t.group().workspace_id.as_str()), SET_APART);
-        for group in failed {
+        // In reverse: each goes to the front of the ready ones, and they keep their order.
+        for group in failed.into_iter().rev() {
             group.put_back();
         }
         Ok(())
@@ -903,6 +904,21 @@ mod tests {
         rig.step_all().await;
         rig.step_all().await;
         assert_eq!(rig.store.runs(), vec![vec!["big"], vec!["a1", "b1"], vec!["c1"]]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_among_steady_single_sends_is_applied_at_the_next_step() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.read(&message(&request("ws_a", "a1", 1), 1, 0, 0));
+        rig.read(&message(&request("ws_big", "big", 101), 0, 0, 0));
+        // One new single send of another workspace arrives before each step.
+        for step in 0..4 {
+            rig.read(&message(&request(&format!("ws_s{step}"), &format!("s{step}"), 1), 2, step, 0));
+            rig.step_all().await;
+        }
+        let runs = rig.store.runs();
+        let at = runs.iter().position(|run| run.iter().any(|id| id == "big"));
+        assert_eq!(at, Some(1), "the batch is applied at the step after the one that could not take it in: {runs:?}");
     }
 
     #[tokio::test]

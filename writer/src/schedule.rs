@@ -385,7 +385,9 @@ impl<M> Scheduler<M> {
 
     /// A group whose worker died (or stopped) with it in hand goes back, unanswered, to the
     /// front of its workspace's queue, ready at once; a death is counted, so that the next
-    /// group is its first message alone.
+    /// group is its first message alone. The workspace goes to the front of the ready ones: it
+    /// was next in line, and sent to the back it could wait behind every workspace that becomes
+    /// ready meanwhile, again and again (a batch that cannot join single sends).
     fn release(&self, group: Group<M>, died: bool) {
         let mut state = self.lock();
         let bytes = group.bytes();
@@ -401,7 +403,7 @@ impl<M> Scheduler<M> {
         for queued in group.messages.into_iter().rev() {
             workspace.queue.push_front(queued);
         }
-        ready.push_back(group.workspace_id);
+        ready.push_front(group.workspace_id);
         self.wake.notify_one();
     }
 
