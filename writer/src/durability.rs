@@ -73,13 +73,15 @@ pub struct Durability {
 /// The flushed position and whether a synchronous standby has it, in one round trip after the
 /// commit. For a role that is neither superuser nor `pg_read_all_stats` (`pg_monitor`),
 /// `pg_stat_replication` shows standbys with every column but the first few null.
+/// A server in recovery (a primary demoted under the connection) has no flushed position of
+/// its own to give: the target is then null.
 const CONFIRM: &str = "
     SELECT target::text,
            current_setting('synchronous_standby_names') <> '' AS named,
            EXISTS (SELECT FROM pg_stat_replication
                     WHERE sync_state IN ('sync', 'quorum') AND flush_lsn >= target) AS flushed,
            EXISTS (SELECT FROM pg_stat_replication WHERE sync_state IS NULL) AS blind
-      FROM pg_current_wal_flush_lsn() AS target";
+      FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_flush_lsn() END) AS t(target)";
 
 const FLUSHED: &str = "SELECT EXISTS (SELECT FROM pg_stat_replication
                                        WHERE sync_state IN ('sync', 'quorum') AND flush_lsn >= $1::pg_lsn)";
@@ -136,8 +138,11 @@ impl Durability {
         if self.when == AckWhen::Flushed {
             return Ok(());
         }
-        let (target, named, flushed, blind): (String, bool, bool, bool) =
+        let (target, named, flushed, blind): (Option<String>, bool, bool, bool) =
             sqlx::query_as(CONFIRM).fetch_one(&mut *connection).await?;
+        let Some(target) = target else {
+            return Err(unconfirmed("the connection's server is in recovery, no longer the primary"));
+        };
         if flushed || (self.when == AckWhen::Auto && !named) {
             return Ok(());
         }
