@@ -290,3 +290,55 @@ async fn a_statement_that_meets_a_schema_behind_is_waited_out_never_dead_lettere
     assert!(dead_lettered.is_empty(), "{dead_lettered:?}");
     assert_eq!(metrics.value("intake_writer_schema_behind"), 0.0);
 }
+
+#[tokio::test]
+async fn a_writer_started_while_its_database_is_away_checks_the_schema_once_it_answers() {
+    let postgres = intake_tests::PrivatePostgres::start_new();
+    let migrate = |args: &[&str]| {
+        let migrated = std::process::Command::new(
+            std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"),
+        )
+        .arg("migrate")
+        .args(args)
+        .env("DATABASE_URL", postgres.url())
+        .output()
+        .unwrap_or_else(|e| panic!("migrate: {e}"));
+        assert!(migrated.status.success(), "migrate {args:?}: {}", String::from_utf8_lossy(&migrated.stderr));
+    };
+    // The schema of a version before this one's, and the database away (a failover) when the
+    // writer starts.
+    migrate(&["--contract", "--through", "35"]);
+    let mut stack = Stack::start_with(StackOptions {
+        database_url: Some(postgres.url()),
+        start_writer: false,
+        write_timeout_ms: 60_000,
+        ..Default::default()
+    })
+    .await;
+    postgres.stop();
+    stack.start_writer();
+    let ops = stack.writer_ops_urls[0].clone();
+    let not_ready_for = |what: &'static str, period: Duration| {
+        let (stack, ops) = (&stack, ops.clone());
+        async move {
+            let until = Instant::now() + period;
+            while Instant::now() < until {
+                let (status, body) = stack.ops_get(&format!("{ops}/readyz")).await;
+                assert_ne!(status, 200, "{what}: ready without its schema checked: {body}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    not_ready_for("the database away", Duration::from_secs(5)).await;
+    postgres.start();
+    intake_tests::wait_until("the schema found behind", Duration::from_secs(20), || async {
+        stack.ops_get(&format!("{ops}/readyz")).await.1.contains(r#""reason":"schema_behind""#)
+    })
+    .await;
+    not_ready_for("the schema behind", Duration::from_secs(2)).await;
+    migrate(&["--contract"]);
+    intake_tests::wait_until("the writer ready once migrated", Duration::from_secs(30), || async {
+        stack.ops_get(&format!("{ops}/readyz")).await.0 == 200
+    })
+    .await;
+}

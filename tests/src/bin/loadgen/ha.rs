@@ -207,7 +207,7 @@ async fn on_layout(
         standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
 
     say(&format!("on the HA layout: {} gateway(s) and {} writer(s)", config.gateways, config.writers));
-    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone())).await;
+    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), "replicated").await;
     let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
     let plans = Plans { keys: Arc::new(keys) };
     let roles = crate::roles_of(&stack, &layout_roles);

@@ -274,13 +274,16 @@ fn say(message: &str) {
 }
 
 async fn start_stack(gateways: usize, writers: usize) -> Stack {
-    start_stack_on(gateways, writers, None).await
+    start_stack_on(gateways, writers, None, "flushed").await
 }
 
-/// A stack on a database other than DATABASE_URL's (the runs at size).
-async fn start_stack_on(gateways: usize, writers: usize, database_url: Option<String>) -> Stack {
+/// A stack on a database other than DATABASE_URL's (the runs at size, the HA layout), its
+/// writers acknowledging as `ack_when` says (`INTAKE_WRITER_ACK_WHEN`): as deployed, `flushed`
+/// on a single node (deploy/up.sh), `replicated` on the HA layout (deploy/up.sh --ha).
+async fn start_stack_on(gateways: usize, writers: usize, database_url: Option<String>, ack_when: &str) -> Stack {
     Stack::start_with(StackOptions {
         database_url,
+        writer_env: vec![("INTAKE_WRITER_ACK_WHEN".to_owned(), ack_when.to_owned())],
         // Limits out of the way: the benchmark measures the write path, not the limiter's refusals.
         requests_per_minute: 1_000_000_000,
         conversions_per_minute: 1_000_000_000,
