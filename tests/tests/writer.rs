@@ -329,7 +329,9 @@ async fn a_writer_started_while_its_database_is_away_checks_the_schema_once_it_a
             }
         }
     };
-    not_ready_for("the database away", Duration::from_secs(5)).await;
+    // Longer than a connection attempt's timeout (5 s) and a join of the group: a writer that
+    // gave up on the check would be ready by then.
+    not_ready_for("the database away", Duration::from_secs(12)).await;
     postgres.start();
     intake_tests::wait_until("the schema found behind", Duration::from_secs(20), || async {
         stack.ops_get(&format!("{ops}/readyz")).await.1.contains(r#""reason":"schema_behind""#)
