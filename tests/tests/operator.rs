@@ -273,3 +273,81 @@ fn kafka_tools_run_from_the_broker_install_without_a_registry() {
     assert!(!text.contains("no registry here"), "it tried to fetch them: {text}");
     std::fs::remove_dir_all(&cache).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// The requests topic's retention deletes `partition`'s messages before `offset`.
+async fn delete_before(topic: &str, partition: i32, offset: i64) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", intake_tests::env("INTAKE_KAFKA_BROKERS"))
+        .create()
+        .unwrap_or_else(|e| panic!("admin: {e}"));
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    offsets.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).unwrap_or_else(|e| panic!("{e}"));
+    let deleted = admin.delete_records(&offsets, &AdminOptions::new()).await.unwrap_or_else(|e| panic!("{e}"));
+    let low = deleted.find_partition(topic, partition).map(|p| (p.offset(), p.error()));
+    assert!(matches!(low, Some((rdkafka::Offset::Offset(o), Ok(()))) if o == offset), "{low:?}");
+}
+
+#[tokio::test]
+async fn replay_says_what_it_would_do_and_refuses_a_start_the_topic_no_longer_holds() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let inputs: Vec<Value> = (0..3).map(|_| conversion("lead")).collect();
+    for input in &inputs {
+        assert_eq!(stack.post("/v1/conversions", &key, input).await.status, 201);
+    }
+    let from = minute_ago();
+    // As after a restore from a backup that predates the second write.
+    let db = database().await;
+    let lost = inputs[1]["external_id"].as_str().unwrap_or_default();
+    sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
+        .bind(&key.workspace_id)
+        .bind(lost)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+        .bind(&key.workspace_id)
+        .bind(lost)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let dry =
+        stack.run_writer_command(&["replay", "--from-time", &from, "--dry-run"]).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        dry,
+        json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0, "expired": 0, "request_failed": 0,
+               "dry_run": true})
+    );
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 2, "a dry run changes nothing");
+
+    // The topic's retention deleted the partition's first message: a replay from before it
+    // would miss it, and says so instead of reporting nothing failed.
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let partition = i32::try_from(stack.request_partition(&key.workspace_id)).unwrap_or(0);
+    delete_before(&topic, partition, 1).await;
+    for args in [
+        vec!["replay", "--from-time", &from],
+        vec!["replay", "--partition", &partition.to_string(), "--from-offset", "0"],
+    ] {
+        let refused = stack.run_writer_command(&args).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            refused.contains("no longer holds the start") && refused.contains("--accept-loss"),
+            "{args:?}: {refused}"
+        );
+    }
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 2, "a refused replay changes nothing");
+    let accepted = stack
+        .run_writer_command(&["replay", "--from-time", &from, "--accept-loss"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!((accepted["messages"].clone(), accepted["applied"].clone()), (json!(2), json!(1)), "{accepted}");
+    let gap = &accepted["lost_to_retention"][0];
+    assert_eq!(
+        (gap["partition"].clone(), gap["first_offset_held"].clone()),
+        (json!(partition), json!(1)),
+        "{accepted}"
+    );
+    assert!(gap["missing_ms"].as_i64().is_some_and(|ms| ms > 0), "{accepted}");
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 3);
+}

@@ -200,6 +200,14 @@ enum Command {
         /// Topic to read; e.g. the dead-letter topic once a failure's cause is fixed.
         #[arg(long)]
         topic: Option<String>,
+        /// Says what would be applied, and changes nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Replays although the topic no longer holds the start asked for (its retention
+        /// deleted the oldest messages): what was written in the gap is lost to the replay, and
+        /// the summary and the log say how much.
+        #[arg(long)]
+        accept_loss: bool,
         #[command(flatten)]
         kafka: KafkaArgs,
         #[command(flatten)]
@@ -505,7 +513,18 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 }
             }
         }
-        Command::Replay { partition, from_offset, to_offset, from_time, topic, kafka, database, durability } => {
+        Command::Replay {
+            partition,
+            from_offset,
+            to_offset,
+            from_time,
+            topic,
+            dry_run,
+            accept_loss,
+            kafka,
+            database,
+            durability,
+        } => {
             let pool = store::connect_with(&database.url, 2, store::OPERATOR_TIMEOUTS).await?;
             let db = Database {
                 pool,
@@ -523,7 +542,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             };
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
             let newer = if topic == kafka.dlq_topic { replay::Newer::Keep } else { replay::Newer::Overwrite };
-            replay::replay(&db, &kafka, &topic, start, newer).await
+            replay::replay(&db, &kafka, &topic, start, replay::Options { newer, dry_run, accept_loss }).await
         }
         Command::BenchApply { from, seconds, concurrency, database, durability } => {
             let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;

@@ -35,18 +35,40 @@ pub enum Newer {
     Keep,
 }
 
+#[derive(Clone, Copy)]
+pub struct Options {
+    pub newer: Newer,
+    /// Look, count, and change nothing.
+    pub dry_run: bool,
+    /// Go on when the topic no longer holds the start (see [`gaps`]).
+    pub accept_loss: bool,
+}
+
 pub async fn replay(
     db: &Database,
     kafka: &KafkaArgs,
     topic: &str,
     start: Start,
-    newer: Newer,
+    options: Options,
 ) -> anyhow::Result<Value> {
+    let Options { newer, dry_run, accept_loss } = options;
     let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
     let ranges = ranges(&consumer, topic, start)?;
+    let gaps = gaps(&consumer, topic, &ranges)?;
+    if !gaps.is_empty() {
+        let said: Vec<String> = gaps.iter().map(Gap::to_string).collect();
+        if !accept_loss {
+            bail!(
+                "{topic} no longer holds the start asked for: {}; its retention deleted what a replay would need. \
+                 Give --accept-loss to replay what it holds and record the gap (deploy/RUNBOOK.md, \"PostgreSQL restored from a backup: replay\")",
+                said.join("; ")
+            );
+        }
+        tracing::warn!(topic, gaps = ?said, "replaying with a gap the topic no longer holds (--accept-loss)");
+    }
     let (mut applied, mut already, mut failed, mut messages, mut kept_newer) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let (mut expired, mut request_failed) = (0u64, 0u64);
-    for (partition, from, to) in ranges {
+    for Range { partition, from, to, .. } in ranges {
         if from > to {
             continue;
         }
@@ -77,7 +99,11 @@ pub async fn replay(
                         expired += 1;
                         continue;
                     }
-                    match db.apply_chunk(&request).await {
+                    let outcome = match dry_run {
+                        true => db.would_apply(&request).await,
+                        false => db.apply_chunk(&request).await,
+                    };
+                    match outcome {
                         Ok(store::Chunk::Applied(outcome)) if outcome.first_time => applied += 1,
                         Ok(store::Chunk::Applied(_)) => already += 1,
                         Ok(store::Chunk::RequestFailed) => request_failed += 1,
@@ -99,15 +125,123 @@ pub async fn replay(
     if newer == Newer::Keep {
         summary["kept_newer"] = json!(kept_newer);
     }
+    if dry_run {
+        summary["dry_run"] = json!(true);
+    }
+    if !gaps.is_empty() {
+        summary["lost_to_retention"] = gaps.iter().map(Gap::to_json).collect();
+    }
     Ok(summary)
 }
 
-/// (partition, first offset, last offset) to replay.
-fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<Vec<(i32, i64, i64)>> {
+/// Where a replay's start lies before what the topic still holds: messages from `asked` to
+/// `held` were deleted by the topic's retention (or never existed, which the topic cannot tell
+/// apart).
+struct Gap {
+    partition: i32,
+    /// The first offset the topic holds, and its message's time (epoch ms) when known.
+    held: i64,
+    held_ms: Option<i64>,
+    /// The start asked for: an offset, or a time.
+    asked: Asked,
+}
+
+enum Asked {
+    Offset(i64),
+    Time(i64),
+}
+
+impl Gap {
+    fn to_json(&self) -> Value {
+        let mut gap = json!({ "partition": self.partition, "first_offset_held": self.held });
+        match self.asked {
+            Asked::Offset(offset) => gap["messages_missing"] = json!(self.held - offset),
+            Asked::Time(ms) => {
+                gap["from_ms"] = json!(ms);
+                if let Some(held_ms) = self.held_ms {
+                    gap["missing_ms"] = json!(held_ms - ms);
+                }
+            }
+        }
+        gap
+    }
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.asked {
+            Asked::Offset(offset) => write!(
+                f,
+                "partition {} starts at offset {}, {} messages after the offset {offset} asked for",
+                self.partition,
+                self.held,
+                self.held - offset
+            ),
+            Asked::Time(ms) => match self.held_ms {
+                Some(held_ms) => write!(
+                    f,
+                    "partition {} holds messages from {:.0} s after the time asked for (offset {})",
+                    self.partition,
+                    (held_ms - ms) as f64 / 1000.0,
+                    self.held
+                ),
+                None => write!(f, "partition {} holds messages from offset {} only", self.partition, self.held),
+            },
+        }
+    }
+}
+
+/// The ranges whose start the topic no longer holds: a partition whose retention deleted
+/// messages (its first offset above 0), asked for from before its first message.
+fn gaps(consumer: &BaseConsumer, topic: &str, ranges: &[Range]) -> anyhow::Result<Vec<Gap>> {
+    let mut gaps = Vec::new();
+    for range in ranges {
+        let (low, _) = consumer.fetch_watermarks(topic, range.partition, TIMEOUT)?;
+        if low == 0 {
+            continue;
+        }
+        match range.asked {
+            Asked::Offset(offset) if offset < low => {
+                gaps.push(Gap { partition: range.partition, held: low, held_ms: None, asked: Asked::Offset(offset) })
+            }
+            Asked::Time(ms) => {
+                let held_ms = first_time(consumer, topic, range.partition, low)?;
+                if held_ms.is_none_or(|held_ms| held_ms > ms) {
+                    gaps.push(Gap { partition: range.partition, held: low, held_ms, asked: Asked::Time(ms) });
+                }
+            }
+            Asked::Offset(_) => {}
+        }
+    }
+    Ok(gaps)
+}
+
+/// The time of the message at `offset` (the partition's first), if it can be read.
+fn first_time(consumer: &BaseConsumer, topic: &str, partition: i32, offset: i64) -> anyhow::Result<Option<i64>> {
+    let mut assignment = TopicPartitionList::new();
+    assignment.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    consumer.assign(&assignment)?;
+    let time = match consumer.poll(TIMEOUT) {
+        Some(Ok(message)) => message.timestamp().to_millis(),
+        _ => None,
+    };
+    Ok(time)
+}
+
+/// A partition's first and last offsets to replay, and the start asked for.
+struct Range {
+    partition: i32,
+    from: i64,
+    to: i64,
+    asked: Asked,
+}
+
+fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<Vec<Range>> {
     match start {
         Start::Offsets { partition, from, to } => {
             let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;
-            Ok(vec![(partition, from.max(low), to.unwrap_or(high - 1).min(high - 1))])
+            let to = to.unwrap_or(high - 1).min(high - 1);
+            Ok(vec![Range { partition, from: from.max(low), to, asked: Asked::Offset(from) }])
         }
         Start::Time { from_ms } => {
             let metadata = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
@@ -127,7 +261,7 @@ fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<
                     Some(Offset::Offset(offset)) => offset,
                     _ => high, // nothing at or after that time
                 };
-                ranges.push((partition, from, high - 1));
+                ranges.push(Range { partition, from, to: high - 1, asked: Asked::Time(from_ms) });
             }
             Ok(ranges)
         }

@@ -204,6 +204,26 @@ impl Database {
         }
     }
 
+    /// What [`Database::apply_chunk`] would do with the chunk, changing nothing: applied before
+    /// (`first_time` false), after its request failed, or applied now (`first_time` true, no
+    /// results: none were computed).
+    pub async fn would_apply(&self, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {
+        let part = request.request.as_ref();
+        let (applied, failed_at): (bool, Option<i32>) = sqlx::query_as(
+            "SELECT EXISTS (SELECT FROM applied_messages WHERE correlation_id = $1),
+                    (SELECT chunk_index FROM failed_requests WHERE request_id = $2)",
+        )
+        .bind(&request.correlation_id)
+        .bind(part.map(|p| p.id.as_str()))
+        .fetch_one(&self.pool)
+        .await?;
+        let first_time = !applied;
+        if first_time && failed_at.zip(part).is_some_and(|(at, part)| i64::from(part.index) > i64::from(at)) {
+            return Ok(Chunk::RequestFailed);
+        }
+        Ok(Chunk::Applied(Applied { results: Vec::new(), merged: Vec::new(), first_time }))
+    }
+
     /// Applies one workspace's chunks in order in one transaction: one commit (one WAL flush)
     /// for all the messages of the workspace at hand. If any fails, none is applied. One
     /// outcome per request, in order.
