@@ -131,6 +131,7 @@ impl WriteClient {
                 workspace_id: workspace_id.to_owned(),
                 items,
                 request: Some(RequestPart { id: request_id.to_owned(), index }),
+                position: None,
             });
             let payload = serde_json::to_vec(&request).map_err(|e| WriteError::Produce(e.to_string()))?;
             let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone(), ticket.cloned());

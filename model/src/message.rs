@@ -37,6 +37,19 @@ pub struct WriteRequestV1 {
     /// predate it (a writer then applies the chunk on its own, as they expect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<RequestPart>,
+    /// Where the writer read it in the requests topic: set by its reader, never sent. The ids
+    /// of what it creates derive from it (`ids::Seed`), so that applying it again, after a
+    /// restore or on another node, gives the ids its client was told.
+    #[serde(skip)]
+    pub position: Option<LogPosition>,
+}
+
+/// A message's place in the requests topic and the broker's append time (epoch ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPosition {
+    pub partition: i32,
+    pub offset: i64,
+    pub appended_ms: i64,
 }
 
 /// A chunk's place in its HTTP request: when one chunk fails for good, the writer answers the
@@ -244,6 +257,7 @@ mod tests {
             workspace_id: "w".into(),
             items: vec![conversion],
             request: Some(RequestPart { id: "req".into(), index: 2 }),
+            position: None,
         });
         let bytes = serde_json::to_vec(&request).unwrap_or_default();
         assert_eq!(WriteRequest::from_slice(&bytes).ok(), Some(request));

@@ -1409,6 +1409,7 @@ pub async fn produce_request_with_deadline(
         workspace_id: workspace_id.to_owned(),
         items: vec![conversion],
         request: None,
+        position: None,
     });
     produce_payload(topic, workspace_id, &serde_json::to_vec(&request).unwrap_or_default()).await;
     correlation_id

@@ -68,6 +68,7 @@ fn backlog(workspaces: &[TestKey], messages: usize) -> (Vec<(String, Vec<u8>)>, 
                 workspace_id: workspaces[workspace].workspace_id.clone(),
                 items: conversions,
                 request: None,
+                position: None,
             });
             (workspaces[workspace].workspace_id.clone(), serde_json::to_vec(&request).unwrap_or_default())
         })

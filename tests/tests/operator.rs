@@ -67,8 +67,11 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
     let stack = Stack::start().await;
     let key = stack.workspace();
     let inputs: Vec<Value> = (0..3).map(|_| conversion("lead")).collect();
+    let mut told = Vec::new();
     for input in &inputs {
-        assert_eq!(stack.post("/v1/conversions", &key, input).await.status, 201);
+        let reply = stack.post("/v1/conversions", &key, input).await;
+        assert_eq!(reply.status, 201);
+        told.push(reply.body["conversion"].clone());
     }
     let from = minute_ago();
     let replayed = stack.run_writer_command(&["replay", "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
@@ -77,8 +80,9 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         json!({"messages": 3, "applied": 0, "already_applied": 3, "failed": 0, "expired": 0, "request_failed": 0})
     );
 
-    // As after a restore from a backup that predates one write: the conversion and the record
-    // of its message are gone; the replay applies it again.
+    // As after a restore from a backup that predates one write: the conversion, its chain and
+    // the record of its message are gone; the replay applies it again, with the ids its client
+    // was told.
     let db = database().await;
     let lost = inputs[1]["external_id"].as_str().unwrap_or_default();
     sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
@@ -93,12 +97,25 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         .execute(&db)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("DELETE FROM chains WHERE id = $1")
+        .bind(told[1]["chain_id"].as_str().unwrap_or_default())
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let replayed = stack.run_writer_command(&["replay", "--from-time", &from]).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(
         replayed,
         json!({"messages": 3, "applied": 1, "already_applied": 2, "failed": 0, "expired": 0, "request_failed": 0})
     );
     assert_eq!(stored_count(&db, &key.workspace_id).await, 3);
+    let (id, chain_id): (String, String) =
+        sqlx::query_as("SELECT id, chain_id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+            .bind(&key.workspace_id)
+            .bind(lost)
+            .fetch_one(&db)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((json!(id), json!(chain_id)), (told[1]["id"].clone(), told[1]["chain_id"].clone()), "the ids told");
 
     let partition_of_first: i64 = 0;
     let by_offset =

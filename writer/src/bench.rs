@@ -118,6 +118,7 @@ mod tests {
             workspace_id: "ws".into(),
             items,
             request: None,
+            position: None,
         }
     }
 

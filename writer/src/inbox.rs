@@ -7,7 +7,7 @@
 use crate::expiry;
 use crate::metrics::{self, Metrics};
 use intake_common::conversion::Conversion;
-use intake_common::message::{ChunkOutcome, RequestPart, WriteRequest, WriteRequestV1};
+use intake_common::message::{ChunkOutcome, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 use std::future::Future;
@@ -63,6 +63,13 @@ const ITEM_BYTES: usize = std::mem::size_of::<Conversion>() + 128;
 /// What holding any message costs beyond its items: its queue entry, ids and strings.
 const MESSAGE_BYTES: usize = 512;
 
+/// Where a message stands in its topic, with its broker's append time (a topic set up by
+/// `intake-writer topics` stamps LogAppendTime); none for a message without a time.
+pub fn position(message: &impl Message) -> Option<LogPosition> {
+    let appended_ms = message.timestamp().to_millis()?;
+    Some(LogPosition { partition: message.partition(), offset: message.offset(), appended_ms })
+}
+
 impl Inbound {
     /// Reads a message of the requests topic. A message's text is an upper bound of what its
     /// parsed strings take, so its charge against the budget is its length plus the parsed
@@ -75,7 +82,8 @@ impl Inbound {
             .and_then(|value| std::str::from_utf8(value).ok())
             .map(str::to_owned);
         let (body, bytes) = match WriteRequest::from_slice(payload) {
-            Ok(WriteRequest::V1(request)) => {
+            Ok(WriteRequest::V1(mut request)) => {
+                request.position = position(message);
                 let bytes = payload.len() + request.items.len() * ITEM_BYTES + MESSAGE_BYTES;
                 if expiry::expired(message, &request) {
                     (Body::Expired(request), bytes)
@@ -206,6 +214,7 @@ pub mod testing {
             workspace_id: workspace_id.to_owned(),
             items,
             request: Some(RequestPart { id: format!("req-{correlation_id}"), index: 0 }),
+            position: None,
         }
     }
 
@@ -284,7 +293,9 @@ mod tests {
         let kafka = message(&chunk, 3, 41, 0);
         let (inbound, bytes) = Inbound::read(&kafka);
         let text = kafka.payload().map_or(0, <[u8]>::len);
-        assert!(matches!(&inbound.body, Body::Request(read) if *read == chunk));
+        let positioned =
+            WriteRequestV1 { position: Some(LogPosition { partition: 3, offset: 41, appended_ms: 0 }), ..chunk };
+        assert!(matches!(&inbound.body, Body::Request(read) if *read == positioned), "with where it was read");
         assert_eq!((inbound.partition, inbound.offset, inbound.request_id.as_deref()), (3, 41, Some("rid-1")));
         assert_eq!(inbound.workspace_id(), "ws_a");
         assert!(bytes > text + 100 * std::mem::size_of::<Conversion>(), "{bytes} for {text} bytes of text");

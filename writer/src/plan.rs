@@ -99,6 +99,9 @@ pub struct Plan {
 pub struct Item<'a> {
     pub conversion: &'a Conversion,
     pub received_at_ms: i64,
+    /// What the ids it creates derive from, when its message was read from the requests
+    /// topic; else they are new ULIDs.
+    pub seed: Option<ids::Seed<'a>>,
 }
 
 /// The items of one workspace, in the order they are applied: the chunks of several messages
@@ -175,7 +178,7 @@ impl ChunkState {
         index
     }
 
-    fn apply(&mut self, Item { conversion: item, received_at_ms }: &Item<'_>) -> ItemResult {
+    fn apply(&mut self, Item { conversion: item, received_at_ms, seed }: &Item<'_>) -> ItemResult {
         let pair = (item.event.as_str().to_owned(), item.external_id.as_str().to_owned());
         let (index, result) = match self.by_pair.get(&pair).copied() {
             Some(index) => {
@@ -193,7 +196,7 @@ impl ChunkState {
             }
             None => {
                 let row = StoredConversion {
-                    id: ids::conversion_id(),
+                    id: seed.as_ref().map_or_else(ids::conversion_id, ids::Seed::conversion_id),
                     event: pair.0,
                     external_id: pair.1,
                     chain_id: String::new(), // set by link() below
@@ -205,7 +208,7 @@ impl ChunkState {
                 (index, WriteResult::Created)
             }
         };
-        let chain_id = self.link(index);
+        let chain_id = self.link(index, seed.as_ref());
         let row = &self.rows[index];
         ItemResult {
             id: row.id.clone(),
@@ -231,7 +234,7 @@ impl ChunkState {
 
     /// Joins the row to the chains of its stored parents and children, merging them all into
     /// the oldest; a row with no relatives and no chain yet starts a chain. Returns its chain.
-    fn link(&mut self, index: usize) -> String {
+    fn link(&mut self, index: usize, seed: Option<&ids::Seed<'_>>) -> String {
         let row = &self.rows[index];
         let parents = row.fields.parent_external_id.as_ref().and_then(|p| self.by_external_id.get(p));
         let children = self.by_parent.get(&row.external_id);
@@ -248,7 +251,7 @@ impl ChunkState {
         let oldest = match related.first() {
             Some(oldest) => oldest.clone(),
             None => {
-                let chain = ids::chain_id();
+                let chain = seed.map_or_else(ids::chain_id, ids::Seed::chain_id);
                 self.chains.add(&chain);
                 self.new_chains.push(chain.clone());
                 chain

@@ -85,6 +85,8 @@ pub async fn replay(
             messages += 1;
             match WriteRequest::from_slice(message.payload().unwrap_or_default()) {
                 Ok(WriteRequest::V1(mut request)) => {
+                    // Its ids derive from where it stands, as when the writers applied it.
+                    request.position = crate::inbox::position(&message);
                     if newer == Newer::Keep {
                         let before = request.items.len();
                         request.items = without_newer(&db.pool, &request).await?;

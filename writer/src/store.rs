@@ -11,6 +11,7 @@ use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use crate::retry::{Classify, Failure};
 use intake_common::conversion::Conversion;
+use intake_common::ids::Seed;
 use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
 use prometheus_client::metrics::gauge::Gauge;
 use sqlx::pool::PoolConnection;
@@ -412,17 +413,30 @@ async fn apply_workspace(
         .collect();
     let mut fresh_results = HashMap::new();
     if !fresh.is_empty() {
-        let sent: Vec<(&Conversion, i64)> =
-            fresh.iter().flat_map(|r| r.items.iter().map(|c| (c, r.received_at_ms))).collect();
+        let sent: Vec<(&Conversion, i64, Option<Seed<'_>>)> = fresh
+            .iter()
+            .flat_map(|r| {
+                r.items.iter().enumerate().map(|(index, c)| {
+                    let seed = r.position.map(|position| Seed {
+                        correlation_id: &r.correlation_id,
+                        position,
+                        received_at_ms: r.received_at_ms,
+                        index,
+                    });
+                    (c, r.received_at_ms, seed)
+                })
+            })
+            .collect();
         // Items sent before an erasure that covers them are stored as it left the person's data.
         let tombstones = Tombstones::load(tx, workspace_id, fresh.iter().map(|r| r.received_at_ms)).await?;
-        let cleared: Vec<Option<Conversion>> = sent.iter().map(|&(c, at)| tombstones.clear(c, at)).collect();
+        let cleared: Vec<Option<Conversion>> = sent.iter().map(|&(c, at, _)| tombstones.clear(c, at)).collect();
         let items: Vec<plan::Item<'_>> = sent
             .iter()
             .zip(&cleared)
-            .map(|(&(conversion, received_at_ms), cleared)| plan::Item {
+            .map(|(&(conversion, received_at_ms, seed), cleared)| plan::Item {
                 conversion: cleared.as_ref().unwrap_or(conversion),
                 received_at_ms,
+                seed,
             })
             .collect();
         let related = fetch_related(tx, workspace_id, &items).await?;
@@ -679,6 +693,7 @@ mod tests {
             workspace_id: "ws_a".to_owned(),
             items: Vec::new(),
             request: request.map(|(id, index)| RequestPart { id: id.to_owned(), index }),
+            position: None,
         }
     }
 

@@ -51,7 +51,8 @@ impl Db {
             })
             .cloned()
             .collect();
-        let items: Vec<Item<'_>> = items.iter().map(|conversion| Item { conversion, received_at_ms: NOW_MS }).collect();
+        let items: Vec<Item<'_>> =
+            items.iter().map(|conversion| Item { conversion, received_at_ms: NOW_MS, seed: None }).collect();
         plan_chunk(&items, message_sizes, related)
     }
 

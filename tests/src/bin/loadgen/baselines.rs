@@ -48,6 +48,7 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
                 workspace_id: workspace_id.clone(),
                 items: items.to_vec(),
                 request: None,
+                position: None,
             })
             .collect();
         text.push_str(&serde_json::to_string(&chunks)?);
