@@ -233,15 +233,28 @@ impl<M> Scheduler<M> {
         });
         workspace.queue.push_back(queued);
         workspace.bytes += bytes;
-        let (len, idle, workspace_bytes) =
-            (workspace.queue.len(), !workspace.taken && workspace.parked_until.is_none(), workspace.bytes);
+        let (len, idle, workspace_bytes, stuck) = (
+            workspace.queue.len(),
+            !workspace.taken && workspace.parked_until.is_none(),
+            workspace.bytes,
+            workspace.waiting_since.is_some(),
+        );
         if idle && len == 1 {
             state.ready.push_back(workspace_id.to_owned());
             self.wake.notify_one();
         }
         let held = state.held();
         let mut pause = Vec::new();
-        if state.full || held >= self.budget {
+        if !state.full && held >= self.budget && stuck {
+            // A workspace waiting for a lock held elsewhere reached the budget: it alone stops
+            // reading, until it is answered; pausing every partition for it would make its
+            // neighbours wait on each of its retries.
+            let pausing = state.paused.entry(partition).or_default();
+            if pausing.is_empty() {
+                pause.push(partition);
+            }
+            pausing.workspaces.insert(workspace_id.to_owned());
+        } else if state.full || held >= self.budget {
             state.full = true;
             let State { partitions, paused, .. } = &mut *state;
             for &read in partitions.keys() {
@@ -663,6 +676,18 @@ mod tests {
             // The first two are beyond their share: their partitions stay paused (a stuck
             // workspace within its share leaves its neighbours reading, as before).
             assert!(!resumed.contains(&0) && !resumed.contains(&1), "{stuck} stuck: {resumed:?}");
+            // A stuck workspace whose partition read on reaches the budget: it alone pauses.
+            let last = stuck - 1;
+            if resumed.contains(&last) {
+                while scheduler.held_bytes() < 1_000 {
+                    let paused = scheduler.push(&format!("stuck{last}"), sized(last, offset, 200));
+                    offset += 1;
+                    if !paused.is_empty() {
+                        assert_eq!(paused, vec![last], "{stuck} stuck: only its own partition");
+                        break;
+                    }
+                }
+            }
         }
     }
 

@@ -111,9 +111,15 @@ fn close_if_unusable<T>(connection: &mut PoolConnection<Postgres>, outcome: &Res
 }
 
 /// Inserts workspace `$1`'s new chains, their ids the array parameter named.
+/// A chain's id derives from the item that started it (`ids::Seed`): one already stored is
+/// that chain, started when the message was first applied, and is kept.
 macro_rules! insert_chains {
     ($ids:literal) => {
-        concat!("INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest(", $ids, "::text[]) AS new(id)")
+        concat!(
+            "INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest(",
+            $ids,
+            "::text[]) AS new(id) ON CONFLICT (id) DO NOTHING"
+        )
     };
 }
 
