@@ -105,6 +105,12 @@ impl Metrics {
             key_cache: Family::default(),
             write_failures: Counter::default(),
         };
+        // Which version each process runs, for rollouts one instance at a time.
+        registry.register(
+            "build",
+            "The program's version",
+            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         registry.register("requests", "HTTP requests by route and status", metrics.requests.clone());
         registry.register("request_seconds", "HTTP request latency", metrics.latency.clone());
         registry.register(

@@ -188,6 +188,12 @@ impl Metrics {
             "Commits not confirmed flushed by a synchronous standby within the bound; retried, unanswered",
             metrics.unreplicated_commits.clone(),
         );
+        // Which version each process runs, for rollouts one instance at a time.
+        registry.register(
+            "build",
+            "The program's version",
+            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         registry.register(
             "schema_behind",
             "1 while the database lacks migrations this version uses (waiting for intake-writer migrate)",
