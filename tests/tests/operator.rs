@@ -3,6 +3,23 @@
 use intake_tests::serde_json::{json, Value};
 use intake_tests::{conversion, database, now_ms, produce_payload, stored_count, stored_fields, Stack, StackOptions};
 
+/// A conversion and the record of its message gone, as after a restore from a backup that
+/// predates its write (its chain stays: a replay keeps a chain stored under its derived id).
+async fn lose(db: &sqlx::PgPool, workspace_id: &str, external_id: &str) {
+    sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
+        .bind(workspace_id)
+        .bind(external_id)
+        .execute(db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+        .bind(workspace_id)
+        .bind(external_id)
+        .execute(db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 fn minute_ago() -> String {
     let at = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
     at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
@@ -85,18 +102,7 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
     // was told.
     let db = database().await;
     let lost = inputs[1]["external_id"].as_str().unwrap_or_default();
-    sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
-        .bind(&key.workspace_id)
-        .bind(lost)
-        .execute(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-        .bind(&key.workspace_id)
-        .bind(lost)
-        .execute(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    lose(&db, &key.workspace_id, lost).await;
     sqlx::query("DELETE FROM chains WHERE id = $1")
         .bind(told[1]["chain_id"].as_str().unwrap_or_default())
         .execute(&db)
@@ -317,18 +323,7 @@ async fn replay_says_what_it_would_do_and_refuses_a_start_the_topic_no_longer_ho
     // As after a restore from a backup that predates the second write.
     let db = database().await;
     let lost = inputs[1]["external_id"].as_str().unwrap_or_default();
-    sqlx::query("DELETE FROM applied_messages WHERE workspace_id = $1 AND results::text LIKE '%' || $2 || '%'")
-        .bind(&key.workspace_id)
-        .bind(lost)
-        .execute(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("DELETE FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-        .bind(&key.workspace_id)
-        .bind(lost)
-        .execute(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    lose(&db, &key.workspace_id, lost).await;
 
     let dry =
         stack.run_writer_command(&["replay", "--from-time", &from, "--dry-run"]).unwrap_or_else(|e| panic!("{e:#}"));
