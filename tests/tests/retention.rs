@@ -57,10 +57,21 @@ async fn topics_get_their_retentions_and_the_writer_prunes_by_dropping_ranges() 
     assert_eq!(settings["message.timestamp.type"], "LogAppendTime");
     assert_eq!(described(&dlq).await["retention.ms"], "1209600000", "dead letters: 14 days");
 
-    // Run again with other retentions: the existing topics take them.
+    // Run again with shorter retentions: a longer one, as an operator raises it during an
+    // incident, is kept and said...
     let output = stack
         .run_writer_command(&["topics", "--retention-ms", "60000", "--dlq-retention-ms", "120000"])
         .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(output["kept_longer_retention"][&requests], json!(86_400_000), "{output}");
+    assert_eq!(output["kept_longer_retention"][&dlq], json!(1_209_600_000_i64), "{output}");
+    let settings = described(&requests).await;
+    assert_eq!((settings["retention.ms"].as_str(), settings["segment.ms"].as_str()), ("86400000", "3600000"));
+    assert_eq!(settings["message.timestamp.type"], "LogAppendTime", "kept when the others are set");
+    // ...and lowered only when asked: the existing topics take them.
+    let output = stack
+        .run_writer_command(&["topics", "--retention-ms", "60000", "--dlq-retention-ms", "120000", "--lower-retention"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(output.get("kept_longer_retention").is_none(), "{output}");
     assert_eq!(output["created"], json!([]));
     assert_eq!(output["configured"].as_array().map(Vec::len), Some(3), "{output}");
     let settings = described(&requests).await;

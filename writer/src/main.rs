@@ -158,6 +158,10 @@ enum Command {
         /// Of the dead-letter topic (default 14 days).
         #[arg(long, env = "INTAKE_DLQ_RETENTION_MS", default_value_t = 1_209_600_000, value_parser = clap::value_parser!(i64).range(10_000..))]
         dlq_retention_ms: i64,
+        /// Also lowers the retention of a topic that has a longer one (raised by an operator,
+        /// during an incident): without it, a longer retention is kept and reported.
+        #[arg(long)]
+        lower_retention: bool,
     },
     /// The dead-letter topic.
     Dlq {
@@ -465,6 +469,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             min_insync_replicas,
             retention_ms,
             dlq_retention_ms,
+            lower_retention,
         } => {
             let counts = topics::TopicCounts {
                 request_partitions,
@@ -474,7 +479,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 retention_ms,
                 dlq_retention_ms,
             };
-            let mut output = topics::create_topics(&kafka, &counts).await?;
+            let mut output = topics::create_topics(&kafka, &counts, lower_retention).await?;
             let growth = partitions::Growth {
                 kafka: &kafka,
                 group_id: &group_id,

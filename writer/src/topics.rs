@@ -1,7 +1,9 @@
 //! Creates the three topics through the plain Kafka protocol (CreateTopics), so the same command
 //! serves the one broker of a laptop and any Kafka cluster in production, and sets the settings
 //! below on topics that exist already (AlterConfigs): running the command again applies changed
-//! retentions. Partition counts of existing topics are left alone.
+//! retentions. Partition counts of existing topics are left alone, and so is a retention longer
+//! than the one asked for (raised by an operator during an incident, say) unless
+//! `--lower-retention` says to lower it.
 
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
@@ -56,9 +58,9 @@ fn settings(kafka: &KafkaArgs, counts: &TopicCounts) -> Vec<(String, Vec<(&'stat
     ]
 }
 
-pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::Result<Value> {
+pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts, lower_retention: bool) -> anyhow::Result<Value> {
     let admin: AdminClient<DefaultClientContext> = kafka::admin(kafka).create()?;
-    let settings = settings(kafka, counts);
+    let mut settings = settings(kafka, counts);
     let partitions = [counts.request_partitions, counts.reply_partitions, 1];
     let topics: Vec<NewTopic<'_>> = settings
         .iter()
@@ -102,8 +104,30 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
             Err((name, code)) => anyhow::bail!("creating topic {name}: {code}"),
         }
     }
-    let names: Vec<&str> = topics.iter().map(|t| t.name).collect();
-    wait_until_led(&admin, &names).await?;
+    let names: Vec<String> = topics.iter().map(|t| t.name.to_owned()).collect();
+    drop(topics);
+    wait_until_led(&admin, &names.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    // A longer retention than this run's stays, with its segment length (AlterConfigs replaces
+    // a topic's whole configuration, so it is set again as it is).
+    let mut kept = serde_json::Map::new();
+    if !lower_retention && !existing.is_empty() {
+        for (name, current) in retentions(&admin, &existing, &options).await? {
+            let Some((_, entries)) = settings.iter_mut().find(|(topic, _)| *topic == name) else { continue };
+            let asked: i64 =
+                entries.iter().find(|(key, _)| *key == "retention.ms").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+            if current == -1 || current > asked {
+                for (key, value) in entries.iter_mut() {
+                    match *key {
+                        "retention.ms" => *value = current.to_string(),
+                        "segment.ms" => *value = segment_ms(if current == -1 { i64::MAX } else { current }).to_string(),
+                        _ => {}
+                    }
+                }
+                tracing::warn!(topic = %name, current, asked, "kept the topic's longer retention (--lower-retention lowers it)");
+                kept.insert(name, json!(current));
+            }
+        }
+    }
     // Existing topics get the settings of this run: a changed retention takes effect.
     let alter: Vec<AlterConfig<'_>> = settings
         .iter()
@@ -121,7 +145,29 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts) -> anyhow::R
             }
         }
     }
-    Ok(json!({ "created": created, "existing": existing, "configured": existing }))
+    let mut output = json!({ "created": created, "existing": existing, "configured": existing });
+    if !kept.is_empty() {
+        output["kept_longer_retention"] = Value::Object(kept);
+    }
+    Ok(output)
+}
+
+/// The `retention.ms` each of `names` has now.
+async fn retentions(
+    admin: &AdminClient<DefaultClientContext>,
+    names: &[String],
+    options: &AdminOptions,
+) -> anyhow::Result<Vec<(String, i64)>> {
+    let specifiers: Vec<ResourceSpecifier<'_>> = names.iter().map(|name| ResourceSpecifier::Topic(name)).collect();
+    let described = admin.describe_configs(&specifiers, options).await?;
+    let mut retentions = Vec::new();
+    for (name, result) in names.iter().zip(described) {
+        let resource = result.map_err(|code| anyhow::anyhow!("describing topic {name}: {code}"))?;
+        if let Some(ms) = resource.get("retention.ms").and_then(|e| e.value.as_deref()).and_then(|v| v.parse().ok()) {
+            retentions.push((name.clone(), ms));
+        }
+    }
+    Ok(retentions)
 }
 
 /// Kafka answers CreateTopics once the controller knows the topics; a broker may learn of them a
