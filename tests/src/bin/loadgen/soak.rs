@@ -123,6 +123,8 @@ pub async fn run() -> anyhow::Result<()> {
         &retention,
         "--dlq-retention-ms",
         &retention,
+        // Shorter than the stack's topics were made with.
+        "--lower-retention",
     ])?;
     // The margin beyond the topics' window: a sixth of the retention.
     let margin = (settings.retention_ms / 6).to_string();
