@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
-use crate::store::{Chunk, Database, Lock, Run, WorkspaceRun};
+use crate::store::{Chunk, Database, Fence, Lock, Run, WorkspaceRun};
 use intake_common::message::{ChunkOutcome, RequestPart, WriteRequestV1};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -31,8 +31,12 @@ use tokio::sync::watch;
 /// covered by the end-to-end tests).
 pub trait Store: Send + Sync {
     /// Workspaces' runs of chunks in one transaction, each [`Run::Busy`] at once when its lock is
-    /// held elsewhere.
-    fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>>;
+    /// held elsewhere; all [`Run::Superseded`] when `fence` says so once connected.
+    fn apply_runs<'a>(
+        &'a self,
+        runs: &'a [WorkspaceRun<'a>],
+        fence: Fence<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>>;
 
     /// No chunk of each part's request after that part is applied, by any writer: one
     /// transaction for them all.
@@ -47,8 +51,12 @@ pub trait Store: Send + Sync {
 }
 
 impl Store for Database {
-    fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
-        Box::pin(Database::apply_runs(self, runs, Lock::Try))
+    fn apply_runs<'a>(
+        &'a self,
+        runs: &'a [WorkspaceRun<'a>],
+        fence: Fence<'a>,
+    ) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
+        Box::pin(Database::apply_runs_fenced(self, runs, Lock::Try, fence))
     }
 
     fn mark_failed<'a>(
@@ -242,13 +250,15 @@ impl Worker {
             taken.iter().zip(&requests).map(|(t, r)| (t.group().workspace_id.as_str(), r.as_slice())).collect();
         let started = std::time::Instant::now();
         let once = Policy { max_attempts: 1, ..self.policy };
+        let generations: Vec<u64> = taken.iter().map(|t| t.group().generation).collect();
+        let fence = || generations.iter().all(|&generation| generation == self.partitions.generation());
         let applied = once
             .run_probed(
                 "apply",
                 &self.metrics,
                 None,
                 abort,
-                || self.store.apply_runs(&runs),
+                || self.store.apply_runs(&runs, &fence),
                 || self.store.takes_writes(),
             )
             .await;
@@ -263,7 +273,7 @@ impl Worker {
             .zip(outcomes)
             .map(|(group, run)| match run {
                 Run::Done(chunks) => (group, chunks.into_iter().map(answer).collect()),
-                Run::Busy => (group, Vec::new()),
+                Run::Busy | Run::Superseded => (group, Vec::new()),
             })
             .collect();
         self.answer(answered.iter().map(|(t, answers)| (t.group(), answers.as_slice())), abort).await;
@@ -284,6 +294,10 @@ impl Worker {
         }
         let answers = self.handle(group, abort).await?;
         self.answer(std::iter::once((group, answers.as_slice())), abort).await;
+        if group.generation != self.partitions.generation() {
+            // Superseded while in hand (`store::Fence`): what is left of it is read again.
+            self.scheduler.rebalanced(self.partitions.generation());
+        }
         self.conclude(taken, answers.len());
         Ok(())
     }
@@ -331,6 +345,8 @@ impl Worker {
         if let Some(failpoint) = &self.failpoint {
             failpoint.hit(&group.workspace_id);
         }
+        let current = || group.generation == self.partitions.generation();
+        let fence: Fence<'_> = &current;
         let mut answers = Vec::with_capacity(group.messages.len());
         let mut run: Vec<&Inbound> = Vec::new();
         let mut next = 0;
@@ -351,7 +367,7 @@ impl Worker {
                 Body::Unreadable(_) => Unapplied::Unreadable,
             };
             // What came before it is applied first.
-            if !self.apply(&std::mem::take(&mut run), &mut answers, shutdown).await? {
+            if !self.apply(&std::mem::take(&mut run), &mut answers, fence, shutdown).await? {
                 return Ok(answers);
             }
             if let Unapplied::Expired = unapplied {
@@ -374,7 +390,7 @@ impl Worker {
                 None => return Ok(answers),
             }
         }
-        self.apply(&run, &mut answers, shutdown).await?;
+        self.apply(&run, &mut answers, fence, shutdown).await?;
         Ok(answers)
     }
 
@@ -384,6 +400,7 @@ impl Worker {
         &self,
         run: &[&Inbound],
         answers: &mut Vec<Answer>,
+        fence: Fence<'_>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<bool, Interrupted> {
         let requests: Vec<&WriteRequestV1> = run.iter().filter_map(|m| applicable(m)).collect();
@@ -397,7 +414,7 @@ impl Worker {
                 &self.metrics,
                 None,
                 shutdown,
-                || self.store.apply_runs(&runs),
+                || self.store.apply_runs(&runs, fence),
                 || self.store.takes_writes(),
             )
             .await
@@ -409,13 +426,13 @@ impl Worker {
                 answers.extend(chunks.into_iter().map(answer));
                 complete
             }
-            Ok(Run::Busy) | Err(Stop::Busy { .. }) => false,
+            Ok(Run::Busy | Run::Superseded) | Err(Stop::Busy { .. }) => false,
             Err(Stop::Interrupted) => return Err(Interrupted),
             // Something in the run fails for good: one by one, so that only that one fails.
             Err(Stop::GaveUp { .. }) => {
                 let mut complete = true;
                 for message in run {
-                    match self.apply_one(message, shutdown).await? {
+                    match self.apply_one(message, fence, shutdown).await? {
                         Some(answer) => answers.push(answer),
                         None => {
                             complete = false;
@@ -437,6 +454,7 @@ impl Worker {
     async fn apply_one(
         &self,
         message: &Inbound,
+        fence: Fence<'_>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Answer>, Interrupted> {
         let Some(request) = applicable(message) else { return Ok(Some(Answer::failed())) };
@@ -447,12 +465,12 @@ impl Worker {
             &self.metrics,
             None,
             shutdown,
-            || self.store.apply_runs(&runs),
+            || self.store.apply_runs(&runs, fence),
             || self.store.takes_writes(),
         );
         match applying.await.map(only) {
             Ok(Run::Done(mut chunks)) => Ok(chunks.pop().map(answer)),
-            Ok(Run::Busy) | Err(Stop::Busy { .. }) => Ok(None),
+            Ok(Run::Busy | Run::Superseded) | Err(Stop::Busy { .. }) => Ok(None),
             Err(Stop::Interrupted) => Err(Interrupted),
             Err(Stop::GaveUp { error, attempts }) => {
                 self.give_up(message, "apply_failed", error.to_string(), attempts, shutdown).await
@@ -473,7 +491,9 @@ impl Worker {
         if !self.fail_requests(&[message], shutdown).await? {
             return Ok(None);
         }
-        self.outbox.dead_letter(DeadLetter { reason, error, attempts, message }, shutdown).await?;
+        if !message.answered_before {
+            self.outbox.dead_letter(DeadLetter { reason, error, attempts, message }, shutdown).await?;
+        }
         Ok(Some(Answer::failed()))
     }
 
@@ -551,7 +571,7 @@ impl Worker {
         }
         let replies = answered
             .into_iter()
-            .filter(|(_, answer)| answer.reply)
+            .filter(|(message, answer)| answer.reply && !message.answered_before)
             .filter_map(|(message, answer)| {
                 let (correlation_id, partition, deadline_ms) = message.reply_to()?;
                 Some(Reply { correlation_id, partition, deadline_ms, outcome: answer.outcome.clone() })
@@ -655,8 +675,15 @@ pub mod testing {
 
     impl Store for MemoryStore {
         /// One entry in `runs` per transaction that applied anything.
-        fn apply_runs<'a>(&'a self, runs: &'a [WorkspaceRun<'a>]) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
+        fn apply_runs<'a>(
+            &'a self,
+            runs: &'a [WorkspaceRun<'a>],
+            fence: Fence<'a>,
+        ) -> BoxFuture<'a, Result<Vec<Run>, sqlx::Error>> {
             Box::pin(async move {
+                if !fence() {
+                    return Ok(runs.iter().map(|_| Run::Superseded).collect());
+                }
                 let busy = self.busy.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
                 if runs.iter().flat_map(|(_, requests)| requests.iter()).any(|r| refused.contains(&r.correlation_id)) {
@@ -742,7 +769,13 @@ pub mod testing {
     impl Rig {
         /// Queues a message for its workspace, as the reader does.
         pub fn read(&self, message: &impl rdkafka::message::Message) {
-            let (inbound, bytes) = Inbound::read(message);
+            let crate::inbox::Admission::Take { answered_before } =
+                self.partitions.admit(message.partition(), message.offset())
+            else {
+                return;
+            };
+            let (mut inbound, bytes) = Inbound::read(message);
+            inbound.answered_before = answered_before;
             let workspace_id = inbound.workspace_id().to_owned();
             let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
             self.worker.scheduler.push(&workspace_id, queued);
@@ -810,6 +843,35 @@ mod tests {
 
     fn part(request: &mut WriteRequestV1, id: &str, index: u32) {
         request.request = Some(RequestPart { id: id.to_owned(), index });
+    }
+
+    #[tokio::test]
+    async fn what_a_rewind_reads_again_below_what_was_answered_is_applied_and_replied_to_once() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.partitions.answered_below.lock().unwrap_or_else(|e| e.into_inner()).insert(0, 2);
+        for (offset, id) in ["c1", "c2", "c3"].into_iter().enumerate() {
+            rig.read(&message(&request("ws_a", id, 1), 0, i64::try_from(offset).unwrap_or(0), 0));
+        }
+        rig.step().await;
+        assert_eq!(rig.store.runs(), vec![vec!["c1", "c2", "c3"]], "the database may lack any of them");
+        assert_eq!(rig.replies(), vec![reply("c3", 1, "applied")], "c1 and c2 were answered before the rewind");
+        assert_eq!(RecordedPartitions::stored(&rig.partitions), vec![(0, 3)]);
+    }
+
+    #[tokio::test]
+    async fn a_group_superseded_by_a_rewind_while_in_hand_is_neither_applied_nor_answered() {
+        let rig = rig(Duration::from_secs(60), None);
+        rig.read(&message(&request("ws_a", "c1", 1), 0, 0, 0));
+        let taken = rig.worker.scheduler.take().await;
+        // A connection found the database on another lineage meanwhile.
+        rig.partitions.generation.store(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = rig.worker.step(taken, &mut watch::channel(false).1).await;
+        assert!(rig.store.runs().is_empty());
+        assert!(rig.replies().is_empty());
+        assert!(RecordedPartitions::stored(&rig.partitions).is_empty());
+        rig.partitions.rewinding.lock().unwrap_or_else(|e| e.into_inner()).push(0);
+        rig.read(&message(&request("ws_a", "c1", 1), 0, 0, 0));
+        assert_eq!(rig.worker.scheduler.backlog(), 0, "until its rewind, what is read of the partition is dropped");
     }
 
     #[tokio::test]

@@ -11,7 +11,9 @@
 
 use crate::apply::{Failpoint, Signals, Worker};
 use crate::health::{Health, WriterContext};
-use crate::inbox::{Inbound, Partitions};
+use crate::inbox::{Admission, Inbound, Partitions};
+use crate::positions::Positions;
+use crate::rewind::{AnsweredBelow, Rewinder};
 use crate::metrics::{self, Metrics};
 use crate::outbox::Outbox;
 use crate::read::Reader;
@@ -65,6 +67,9 @@ struct KafkaPartitions {
     /// Held while offsets are stored: two workers that finish a partition's messages out of
     /// order never store its offset backwards.
     stored: Mutex<Stored>,
+    /// The offsets stored, to be recorded in the database too.
+    positions: Arc<Positions>,
+    answered_below: AnsweredBelow,
 }
 
 /// The offset stored last for each partition of the current assignment.
@@ -119,6 +124,7 @@ impl Partitions for KafkaPartitions {
         if forward.is_empty() {
             return;
         }
+        self.positions.answered(generation, &forward);
         let mut list = TopicPartitionList::new();
         for &(partition, next) in &forward {
             let _ = list.add_partition_offset(&self.topic, partition, Offset::Offset(next));
@@ -135,7 +141,9 @@ impl Partitions for KafkaPartitions {
     }
 
     fn resume(&self, partitions: &[i32]) {
-        if let (false, Err(error)) = (partitions.is_empty(), self.kafka.resume(&self.list(partitions))) {
+        // One waiting for a rewind stays paused until the rewind is done.
+        let partitions: Vec<i32> = partitions.iter().copied().filter(|&p| !self.health.rewinding(p)).collect();
+        if let (false, Err(error)) = (partitions.is_empty(), self.kafka.resume(&self.list(&partitions))) {
             tracing::warn!(%error, ?partitions, "could not resume partitions");
         }
     }
@@ -150,6 +158,14 @@ impl Partitions for KafkaPartitions {
         for &partition in partitions {
             self.health.held(partition);
         }
+    }
+
+    fn admit(&self, partition: i32, offset: i64) -> Admission {
+        if self.health.rewinding(partition) {
+            return Admission::Drop;
+        }
+        let below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied();
+        Admission::Take { answered_before: below.is_some_and(|below| offset < below) }
     }
 }
 
@@ -166,11 +182,16 @@ pub async fn run(
         config.create_with_context(WriterContext(health.clone(), QuietContext::default()))?;
     kafka_consumer.subscribe(&[&settings.kafka.requests_topic])?;
     let kafka_consumer = Arc::new(kafka_consumer);
+    let topic = settings.kafka.requests_topic.clone();
+    let positions = Arc::new(Positions::new(topic.clone()));
+    let answered_below = AnsweredBelow::default();
     let partitions: Arc<dyn Partitions> = Arc::new(KafkaPartitions {
         kafka: kafka_consumer.clone(),
         health: health.clone(),
-        topic: settings.kafka.requests_topic.clone(),
+        topic: topic.clone(),
         stored: Mutex::default(),
+        positions: positions.clone(),
+        answered_below: answered_below.clone(),
     });
     let producer: FutureProducer<QuietContext> =
         kafka::writer_producer(&settings.kafka).create_with_context(QuietContext::default())?;
@@ -179,10 +200,26 @@ pub async fn run(
     let scheduler = Arc::new(Scheduler::new(settings.read_budget, MAX_GROUP));
     metrics.backlog_budget_bytes.set(i64::try_from(settings.read_budget).unwrap_or(i64::MAX));
     let pool = database.pool.clone();
+    let database_pool = pool.clone();
     tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
     let observer =
         tokio::spawn(observe(pool.clone(), kafka_consumer.clone(), settings.group_id.clone(), metrics.clone()));
     let watcher = tokio::spawn(watch_scheduler(scheduler.clone(), metrics.clone()));
+    let generation = health.clone();
+    let recorder = tokio::spawn(positions.clone().run(pool.clone(), move || generation.assignment_generation()));
+    let rewinder = tokio::spawn(
+        Rewinder {
+            consumer: kafka_consumer.clone(),
+            pool: pool.clone(),
+            topic,
+            health: health.clone(),
+            positions: positions.clone(),
+            answered_below,
+            scheduler: scheduler.clone(),
+            metrics: metrics.clone(),
+        }
+        .run(),
+    );
     let worker_count = settings.workers.max(1);
     tracing::info!(
         topic = %settings.kafka.requests_topic,
@@ -221,6 +258,10 @@ pub async fn run(
     health.shutting_down();
     observer.abort();
     watcher.abort();
+    rewinder.abort();
+    // What was answered last is recorded once more; a position missed only reads more again.
+    recorder.abort();
+    let _ = positions.record(&database_pool, || health.assignment_generation()).await;
     drop((worker, reader, partitions));
     leave_group(kafka_consumer, outbox, settings.shutdown_timeout).await;
     tracing::info!("writer stopped");

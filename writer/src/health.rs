@@ -21,10 +21,13 @@ pub struct Health {
     joined: AtomicBool,
     shutting_down: AtomicBool,
     partitions: Mutex<HashMap<i32, PartitionState>>,
-    /// Bumped at every rebalance. A message read before one may belong to a partition this
-    /// writer no longer holds, or holds again from a newer committed offset: its lane neither
-    /// applies it nor stores its offset (which could move the group's offset back).
+    /// Bumped at every rebalance, and when the database turns out to be another node's lineage
+    /// (a promotion, a restore). A message read before one may belong to a partition this
+    /// writer no longer holds, or holds again from another offset, or be due after messages the
+    /// database lost: its lane neither applies it nor stores its offset.
     assignment_generation: AtomicU64,
+    /// The database's system identifier and timeline, as the last connection found them.
+    lineage: Mutex<Option<String>>,
 }
 
 struct PartitionState {
@@ -34,6 +37,9 @@ struct PartitionState {
     /// A workspace of it has waited for its lock, held by another session, past the bound, and
     /// nothing of the partition progressed since.
     held: bool,
+    /// To be read again from the database's position before anything of it is applied
+    /// (`rewind.rs`): set when it is assigned and when the database's lineage changes.
+    rewind: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -57,6 +63,7 @@ impl Health {
             shutting_down: AtomicBool::new(false),
             partitions: Mutex::default(),
             assignment_generation: AtomicU64::new(0),
+            lineage: Mutex::default(),
         })
     }
 
@@ -132,6 +139,51 @@ impl Health {
         }
     }
 
+    /// A new connection reached the database `lineage` (`store::connect_lazy`). Another one
+    /// than the last (a standby promoted, a backup restored) may lack commits that were
+    /// answered: every partition is read again from the database's own positions before
+    /// anything more is applied, and what was read before is dropped.
+    pub fn connected_to(&self, lineage: &str) {
+        let mut known = self.lineage.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match known.as_deref() {
+            Some(previous) if previous != lineage => {
+                tracing::warn!(previous, lineage, "the database is on another timeline: rewinding every partition");
+                self.metrics.lineage_changes.inc();
+                let mut held = self.lock();
+                for state in held.values_mut() {
+                    state.rewind = true;
+                }
+                self.assignment_generation.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        *known = Some(lineage.to_owned());
+    }
+
+    /// The partitions waiting for a rewind.
+    pub fn to_rewind(&self) -> Vec<i32> {
+        let mut partitions: Vec<i32> = self.lock().iter().filter(|(_, s)| s.rewind).map(|(&p, _)| p).collect();
+        partitions.sort_unstable();
+        partitions
+    }
+
+    /// Whether `partition`'s messages are dropped as read: it waits for a rewind.
+    pub fn rewinding(&self, partition: i32) -> bool {
+        self.lock().get(&partition).is_some_and(|s| s.rewind)
+    }
+
+    /// `partition` reads from the database's position now, unless the generation moved on
+    /// since `generation` (a rebalance, another lineage): then it waits for the next rewind.
+    pub fn rewound(&self, partition: i32, generation: u64) {
+        let mut held = self.lock();
+        if self.assignment_generation() == generation {
+            if let Some(state) = held.get_mut(&partition) {
+                state.rewind = false;
+                state.progressed_at = Instant::now();
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, PartitionState>> {
         self.partitions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -139,7 +191,10 @@ impl Health {
     fn assigned(&self, partitions: impl Iterator<Item = i32>) {
         let mut held = self.lock();
         for partition in partitions {
-            held.entry(partition).or_insert(PartitionState { lag: 0, progressed_at: Instant::now(), held: false });
+            let state =
+                held.entry(partition).or_insert(PartitionState { lag: 0, progressed_at: Instant::now(), held: false, rewind: true });
+            // Reassigned: read from the committed offset, which may be ahead of the database.
+            state.rewind = true;
         }
         self.metrics.assigned_partitions.set(i64::try_from(held.len()).unwrap_or(i64::MAX));
         self.joined.store(true, Ordering::Relaxed);

@@ -25,6 +25,9 @@ pub struct Inbound {
     /// The gateway's request id (the `request_id` header), for the log line and a dead letter.
     pub request_id: Option<String>,
     pub body: Body,
+    /// Read again by a rewind, below what was answered before it (`rewind.rs`): applied if the
+    /// database lacks it, but neither replied to nor dead-lettered a second time.
+    pub answered_before: bool,
 }
 
 #[derive(Debug)]
@@ -101,7 +104,8 @@ impl Inbound {
                 )
             }
         };
-        (Inbound { partition: message.partition(), offset: message.offset(), request_id, body }, bytes)
+        let (partition, offset) = (message.partition(), message.offset());
+        (Inbound { partition, offset, request_id, body, answered_before: false }, bytes)
     }
 
     /// The workspace whose queue it goes to: the one it names, else its Kafka key (the gateway
@@ -161,6 +165,19 @@ pub trait Partitions: Send + Sync {
     /// A workspace of these partitions has waited for its lock past the bound: its wait no
     /// longer counts as progress.
     fn held(&self, partitions: &[i32]);
+
+    /// Whether a message read at `offset` of `partition` is taken, and how (`rewind.rs`).
+    fn admit(&self, partition: i32, offset: i64) -> Admission;
+}
+
+/// What becomes of a message as it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Its partition waits for a rewind: it is read again from the database's position.
+    Drop,
+    /// Queued for its workspace; `answered_before` when a rewind read it again below what was
+    /// answered.
+    Take { answered_before: bool },
 }
 
 /// Metrics and the log line of one answered message, with the request id the gateway gave it.
@@ -191,7 +208,7 @@ pub fn record(metrics: &Metrics, message: &Inbound, label: &'static str, outcome
 pub mod testing {
     //! Messages and a consumer double for the stages' tests.
 
-    use super::Partitions;
+    use super::{Admission, Partitions};
     use intake_common::message::{RequestPart, WriteRequest, WriteRequestV1};
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
     use std::sync::Mutex;
@@ -246,6 +263,9 @@ pub mod testing {
         pub resumed: Mutex<Vec<i32>>,
         pub progressed: Mutex<Vec<i32>>,
         pub held: Mutex<Vec<i32>>,
+        /// Partitions waiting for a rewind, and the offsets answered before one.
+        pub rewinding: Mutex<Vec<i32>>,
+        pub answered_below: Mutex<std::collections::HashMap<i32, i64>>,
     }
 
     fn extend(into: &Mutex<Vec<i32>>, partitions: &[i32]) {
@@ -273,11 +293,22 @@ pub mod testing {
         fn held(&self, partitions: &[i32]) {
             extend(&self.held, partitions);
         }
+        fn admit(&self, partition: i32, offset: i64) -> Admission {
+            if self.rewinding.lock().unwrap_or_else(|e| e.into_inner()).contains(&partition) {
+                return Admission::Drop;
+            }
+            let below = self.answered_below.lock().unwrap_or_else(|e| e.into_inner()).get(&partition).copied();
+            Admission::Take { answered_before: below.is_some_and(|below| offset < below) }
+        }
     }
 
     impl RecordedPartitions {
         pub fn take(list: &Mutex<Vec<i32>>) -> Vec<i32> {
             std::mem::take(&mut *list.lock().unwrap_or_else(|e| e.into_inner()))
+        }
+
+        pub fn stored(&self) -> Vec<(i32, i64)> {
+            self.stored.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
     }
 }

@@ -19,10 +19,12 @@ mod ops;
 mod outbox;
 mod partitions;
 mod plan;
+mod positions;
 mod read;
 mod replay;
 mod retention;
 mod retry;
+mod rewind;
 mod schedule;
 mod store;
 mod topics;
@@ -422,11 +424,13 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 // A worker's transaction never waits between statements on anything but them.
                 idle_in_transaction: Duration::from_millis(statement_timeout_ms),
             };
-            let pool = store::connect_lazy(&database.url, database.pool_size, timeouts)?;
             let metrics = Arc::new(metrics::Metrics::new());
             let durability = Durability::new(&database.url, &durability, metrics.unreplicated_commits.clone())?;
             let health =
                 health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
+            let connected = health.clone();
+            let observer: store::LineageObserver = Arc::new(move |lineage| connected.connected_to(lineage));
+            let pool = store::connect_lazy(&database.url, database.pool_size, timeouts, Some(observer))?;
             tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
             let (stop, shutdown) = watch::channel(false);
             let signalled = health.clone();

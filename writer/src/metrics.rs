@@ -83,6 +83,15 @@ pub struct Metrics {
     /// 1 while the database lacks migrations this build's statements use (at the start, or
     /// found when a statement failed on a missing column or table): nothing is applied.
     pub schema_behind: Gauge,
+    /// Connections that found the database on another lineage than the one before (a standby
+    /// promoted, a backup restored): each starts a rewind of every partition (`rewind.rs`).
+    pub lineage_changes: Counter,
+    /// Messages a rewind read again, below the offsets answered before it: those the database
+    /// had are recognised, the others applied again.
+    pub rewound_messages: Counter,
+    /// Messages a rewind needed that the requests topic no longer holds (its retention passed):
+    /// answered once and now in neither the database nor Kafka.
+    pub rewind_lost_messages: Counter,
 }
 
 impl Metrics {
@@ -110,6 +119,9 @@ impl Metrics {
             shared_transactions_failed: Counter::default(),
             unreplicated_commits: Counter::default(),
             schema_behind: Gauge::default(),
+            lineage_changes: Counter::default(),
+            rewound_messages: Counter::default(),
+            rewind_lost_messages: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -198,6 +210,21 @@ impl Metrics {
             "schema_behind",
             "1 while the database lacks migrations this version uses (waiting for intake-writer migrate)",
             metrics.schema_behind.clone(),
+        );
+        registry.register(
+            "lineage_changes",
+            "Connections that found the database on another timeline or system; each rewinds every partition",
+            metrics.lineage_changes.clone(),
+        );
+        registry.register(
+            "rewound_messages",
+            "Messages read again by rewinds to the database's positions",
+            metrics.rewound_messages.clone(),
+        );
+        registry.register(
+            "rewind_lost_messages",
+            "Messages a rewind needed that the requests topic no longer holds",
+            metrics.rewind_lost_messages.clone(),
         );
         Metrics { registry, ..metrics }
     }

@@ -200,7 +200,8 @@ mod tests {
 
         let applied: Vec<i64> = (1..=35).collect();
         let (run, waiting) = selected(Stage::Expand, &applied, None);
-        assert_eq!(versions(&run), (1..=39).collect::<Vec<_>>(), "the digests' bytes beside their hex");
+        let expected: Vec<i64> = (1..=last).filter(|v| ![40, 41, 42].contains(v)).collect();
+        assert_eq!(versions(&run), expected, "the digests' bytes beside their hex");
         assert_eq!(waiting, [40, 41, 42]);
 
         let applied: Vec<i64> = (1..=last).collect();

@@ -4,7 +4,7 @@
 //! worker does, in its workspace's order. When the scheduler says the budget or a workspace's
 //! share is reached, the reader pauses those partitions, and it keeps polling while they are.
 
-use crate::inbox::{Inbound, Partitions};
+use crate::inbox::{Admission, Inbound, Partitions};
 use crate::retry::shutdown_asked;
 use crate::schedule::{Queued, Scheduler};
 use intake_common::kafka_errors::ConsumeErrors;
@@ -66,10 +66,15 @@ impl Reader {
     }
 
     /// Queues one message for its workspace (after a rebalance, the messages read before it are
-    /// dropped first) and pauses what the scheduler says to pause.
+    /// dropped first; one of a partition waiting for a rewind is dropped itself) and pauses
+    /// what the scheduler says to pause.
     pub fn take(&self, message: &impl Message) {
         self.rebalanced();
-        let (inbound, bytes) = Inbound::read(message);
+        let Admission::Take { answered_before } = self.partitions.admit(message.partition(), message.offset()) else {
+            return;
+        };
+        let (mut inbound, bytes) = Inbound::read(message);
+        inbound.answered_before = answered_before;
         let workspace_id = inbound.workspace_id().to_owned();
         let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
         let pause = self.scheduler.push(&workspace_id, queued);

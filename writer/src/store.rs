@@ -21,6 +21,7 @@ use sqlx::types::Json;
 use sqlx::{Connection, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
@@ -79,26 +80,50 @@ fn with_timeouts(options: PgConnectOptions, timeouts: Timeouts) -> PgConnectOpti
     ])
 }
 
+/// Told the lineage of each database a new connection reaches: its system identifier and
+/// timeline, which a promotion or a restore changes (`health::Health::connected_to`).
+pub type LineageObserver = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// A pool that connects when first used, so that a writer can start while PostgreSQL is away;
-/// every connection carries `timeouts`, and none is kept that reached a standby.
-pub fn connect_lazy(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
+/// every connection carries `timeouts`, and none is kept that reached a standby. `observer` is
+/// told each new connection's lineage before the connection is used.
+pub fn connect_lazy(
+    url: &str,
+    pool_size: u32,
+    timeouts: Timeouts,
+    observer: Option<LineageObserver>,
+) -> Result<PgPool, sqlx::Error> {
     let options = with_timeouts(PgConnectOptions::from_str(url)?, timeouts);
     Ok(PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
-        .after_connect(|connection, _| Box::pin(refuse_standby(connection)))
+        .after_connect(move |connection, _| {
+            let observer = observer.clone();
+            Box::pin(async move {
+                let lineage = primary_lineage(connection).await?;
+                if let Some(observer) = observer {
+                    observer(&lineage);
+                }
+                Ok(())
+            })
+        })
         .connect_lazy_with(options))
 }
 
-/// During a failover the primary's address can lead for a moment to a node in recovery (the old
-/// primary before it is marked down, or a standby): such a connection is refused as an outage,
-/// so that writes wait for the new primary.
-async fn refuse_standby(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
-    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(connection).await?;
-    if in_recovery {
-        return Err(sqlx::Error::Io(std::io::Error::other("connected to a node in recovery, not the primary")));
-    }
-    Ok(())
+/// The lineage of the primary a connection reached: system identifier and the timeline of the
+/// WAL it writes now (`pg_control_checkpoint()`'s timeline would trail a promotion until the
+/// next checkpoint). During a failover the primary's address can lead for a moment to a node
+/// in recovery (the old primary before it is marked down, or a standby): such a connection is
+/// refused as an outage, so that writes wait for the new primary.
+async fn primary_lineage(connection: &mut PgConnection) -> Result<String, sqlx::Error> {
+    let lineage: Option<String> = sqlx::query_scalar(
+        "SELECT CASE WHEN NOT pg_is_in_recovery()
+                     THEN (SELECT system_identifier FROM pg_control_system())::text || '/'
+                          || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
+    )
+    .fetch_one(connection)
+    .await?;
+    lineage.ok_or_else(|| sqlx::Error::Io(std::io::Error::other("connected to a node in recovery, not the primary")))
 }
 
 /// A connection that met a node taking no writes keeps meeting it, and one that met an outage
@@ -181,7 +206,15 @@ pub enum Run {
     /// The workspace's lock is held elsewhere (a long erasure, another writer): nothing was
     /// applied, and no connection waits for it.
     Busy,
+    /// The messages were read before a rebalance or a change of the database's lineage (see
+    /// [`Fence`]): nothing was applied; they are read again.
+    Superseded,
 }
+
+/// Whether the messages about to be applied are still to be applied by this writer, asked once
+/// the connection is at hand: a new connection that found another primary lineage has made
+/// every message read before it due only after a rewind (`rewind.rs`).
+pub type Fence<'a> = &'a (dyn Fn() -> bool + Sync);
 
 /// How a workspace's lock is taken.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -207,7 +240,7 @@ impl Database {
     pub async fn apply_chunk(&self, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {
         match self.apply_run(&request.workspace_id, &[request], Lock::Wait).await? {
             Run::Done(mut chunks) => chunks.pop().ok_or(sqlx::Error::RowNotFound),
-            Run::Busy => Err(sqlx::Error::RowNotFound),
+            Run::Busy | Run::Superseded => Err(sqlx::Error::RowNotFound),
         }
     }
 
@@ -249,7 +282,21 @@ impl Database {
     /// lock is held elsewhere is [`Run::Busy`] and the others are applied; if any statement
     /// fails, nothing is. Returns once what it answers for is durable (`durability.rs`).
     pub async fn apply_runs(&self, runs: &[WorkspaceRun<'_>], lock: Lock) -> Result<Vec<Run>, sqlx::Error> {
+        self.apply_runs_fenced(runs, lock, &|| true).await
+    }
+
+    /// [`Database::apply_runs`], unless `fence` says the runs were superseded once the
+    /// connection is at hand.
+    pub async fn apply_runs_fenced(
+        &self,
+        runs: &[WorkspaceRun<'_>],
+        lock: Lock,
+        fence: Fence<'_>,
+    ) -> Result<Vec<Run>, sqlx::Error> {
         let mut connection = self.pool.acquire().await?;
+        if !fence() {
+            return Ok(runs.iter().map(|_| Run::Superseded).collect());
+        }
         let outcome = self.apply_runs_on(&mut connection, runs, lock).await;
         close_if_unusable(&mut connection, &outcome);
         if outcome.is_ok() && self.schema_behind.get() > 0 {

@@ -1,0 +1,215 @@
+//! The rewind (docs/architecture.md, "The log is the record"): before a partition's messages are
+//! applied, the partition is read from the database's own position of it (`positions.rs`),
+//! not from Kafka's committed offset, which is ahead of the database whenever the database lost
+//! commits that were answered: a standby promoted before it had them, a restore from a backup.
+//!
+//! Every assignment starts one, and so does a connection that finds the database on another
+//! lineage (`health::Health::connected_to`). Until it is done the partition stays paused and
+//! what is read of it is dropped (`inbox::Admission::Drop`); what was read before it is dropped
+//! by the new generation, and a group already in a worker's hands is not applied
+//! (`store::Fence`). The messages between the two positions are then read again in order: those
+//! the database has are recognised by `applied_messages`, the others applied again under the
+//! ids their clients were told (`model/src/ids.rs`); none is replied to a second time.
+
+use crate::health::Health;
+use crate::inbox::Inbound;
+use crate::metrics::{unix_seconds, Metrics};
+use crate::positions::{self, Positions};
+use crate::schedule::Scheduler;
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often partitions waiting for a rewind are looked at: a rewind waits for the database and
+/// for the partition's fetch to have started, and is tried again until both are there.
+const POLL: Duration = Duration::from_millis(100);
+/// A bound on each of Kafka's answers a rewind waits for.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Per partition: the offset below which messages were answered before the last rewind.
+pub type AnsweredBelow = Arc<Mutex<HashMap<i32, i64>>>;
+
+/// Where one partition's reading starts again.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Start {
+    /// The offset to seek to; none when the committed offset is right.
+    pub seek: Option<i64>,
+    /// Messages below this were answered before.
+    pub answered_below: Option<i64>,
+    /// Messages the database lacks that the topic no longer holds.
+    pub lost: i64,
+}
+
+/// Decides a partition's start from the database's position, Kafka's committed offset, how far
+/// this writer answered it, and the oldest offset the topic still holds.
+pub fn start(database: Option<i64>, committed: Option<i64>, answered: Option<i64>, oldest: i64) -> Start {
+    let answered_below = [database, committed, answered].into_iter().flatten().max();
+    let Some(position) = database else {
+        // A database that never recorded this partition: Kafka's offset is all there is.
+        return Start { seek: None, answered_below, lost: 0 };
+    };
+    let behind = committed.is_none_or(|committed| position < committed);
+    if !behind {
+        return Start { seek: None, answered_below, lost: 0 };
+    }
+    let lost = (oldest - position).max(0);
+    Start { seek: Some(position.max(oldest)), answered_below, lost }
+}
+
+pub struct Rewinder<C: ConsumerContext + 'static> {
+    pub consumer: Arc<StreamConsumer<C>>,
+    pub pool: PgPool,
+    pub topic: String,
+    pub health: Arc<Health>,
+    pub positions: Arc<Positions>,
+    pub answered_below: AnsweredBelow,
+    pub scheduler: Arc<Scheduler<Inbound>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl<C: ConsumerContext + 'static> Rewinder<C> {
+    /// Rewinds the partitions that wait for it, for as long as the writer runs.
+    pub async fn run(self) {
+        loop {
+            tokio::time::sleep(POLL).await;
+            let partitions = self.health.to_rewind();
+            if partitions.is_empty() {
+                continue;
+            }
+            if let Err(error) = self.rewind(&partitions).await {
+                // Most often PostgreSQL or Kafka away: waited out like any outage.
+                self.metrics.last_outage_retry.set(unix_seconds());
+                tracing::warn!(%error, ?partitions, "rewind not done yet; trying again");
+            }
+        }
+    }
+
+    async fn rewind(&self, partitions: &[i32]) -> anyhow::Result<()> {
+        let generation = self.health.assignment_generation();
+        // Whatever was read before is dropped, and nothing is held paused for it.
+        self.scheduler.rebalanced(generation);
+        let list = self.list(partitions, |_| Offset::Invalid)?;
+        self.consumer.pause(&list)?;
+        let database = positions::load(&self.pool, &self.topic, partitions).await?;
+        let committed = self.blocking({
+            let list = list.clone();
+            move |consumer| consumer.committed_offsets(list, KAFKA_TIMEOUT)
+        })
+        .await?;
+        let committed: HashMap<i32, i64> = committed
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(offset) => Some((e.partition(), offset)),
+                _ => None,
+            })
+            .collect();
+        for &partition in partitions {
+            let position = database.get(&partition).copied();
+            let oldest = match position {
+                Some(_) => {
+                    let topic = self.topic.clone();
+                    self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0
+                }
+                None => 0,
+            };
+            let answered = self.positions.furthest_answered(partition);
+            let start = start(position, committed.get(&partition).copied(), answered, oldest);
+            if let Some(offset) = start.seek {
+                let topic = self.topic.clone();
+                // Refused until the partition's fetch has started (just after its assignment):
+                // the next poll tries again.
+                self.blocking(move |consumer| consumer.seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT))
+                    .await?;
+                let again = start.answered_below.map_or(0, |below| (below - offset).max(0));
+                self.metrics.rewound_messages.inc_by(u64::try_from(again).unwrap_or(0));
+                if start.lost > 0 {
+                    self.metrics.rewind_lost_messages.inc_by(u64::try_from(start.lost).unwrap_or(0));
+                    tracing::error!(
+                        partition,
+                        database_position = position,
+                        oldest_in_topic = oldest,
+                        lost = start.lost,
+                        "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
+                    );
+                }
+                tracing::info!(partition, from = offset, answered_below = start.answered_below, "partition rewound to the database's position");
+            }
+            let mut below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match start.answered_below {
+                Some(offset) => below.insert(partition, offset),
+                None => below.remove(&partition),
+            };
+            drop(below);
+            self.health.rewound(partition, generation);
+        }
+        let done: Vec<i32> = partitions.iter().copied().filter(|&p| !self.health.rewinding(p)).collect();
+        if !done.is_empty() {
+            self.consumer.resume(&self.list(&done, |_| Offset::Invalid)?)?;
+        }
+        Ok(())
+    }
+
+    fn list(&self, partitions: &[i32], offset: impl Fn(i32) -> Offset) -> anyhow::Result<TopicPartitionList> {
+        let mut list = TopicPartitionList::new();
+        for &partition in partitions {
+            list.add_partition_offset(&self.topic, partition, offset(partition))?;
+        }
+        Ok(list)
+    }
+
+    /// One of librdkafka's blocking calls, off the runtime's threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&StreamConsumer<C>) -> Result<T, rdkafka::error::KafkaError> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let consumer = self.consumer.clone();
+        Ok(tokio::task::spawn_blocking(move || call(&consumer)).await??)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_behind_the_committed_offset_is_read_again_from_its_own_position() {
+        assert_eq!(
+            start(Some(40), Some(100), Some(90), 0),
+            Start { seek: Some(40), answered_below: Some(100), lost: 0 }
+        );
+        assert_eq!(
+            start(Some(40), Some(90), Some(100), 0),
+            Start { seek: Some(40), answered_below: Some(100), lost: 0 },
+            "what this writer answered past the commit is not answered twice"
+        );
+    }
+
+    #[test]
+    fn a_database_at_or_past_the_committed_offset_starts_where_kafka_says() {
+        assert_eq!(start(Some(100), Some(100), None, 0), Start { seek: None, answered_below: Some(100), lost: 0 });
+        assert_eq!(
+            start(Some(120), Some(100), None, 0),
+            Start { seek: None, answered_below: Some(120), lost: 0 },
+            "below the database's position everything was answered"
+        );
+        assert_eq!(start(None, Some(100), None, 0), Start { seek: None, answered_below: Some(100), lost: 0 });
+        assert_eq!(start(None, None, None, 0), Start { seek: None, answered_below: None, lost: 0 });
+    }
+
+    #[test]
+    fn a_group_without_a_committed_offset_starts_at_the_databases_position() {
+        assert_eq!(start(Some(70), None, None, 10), Start { seek: Some(70), answered_below: Some(70), lost: 0 });
+    }
+
+    #[test]
+    fn what_the_topic_no_longer_holds_is_counted_lost_and_reading_starts_at_its_oldest() {
+        assert_eq!(
+            start(Some(40), Some(100), None, 55),
+            Start { seek: Some(55), answered_below: Some(100), lost: 15 }
+        );
+    }
+}
