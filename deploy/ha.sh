@@ -23,6 +23,10 @@ HA_BASE_PORT="${INTAKE_HA_BASE_PORT:-30400}"
 HA_SHARED_BUFFERS="${INTAKE_HA_SHARED_BUFFERS:-1GB}"
 # 0: no WAL archive and no backups (a short-lived layout of a test).
 HA_BACKUPS="${INTAKE_HA_BACKUPS:-1}"
+# sync: every commit waits for one synchronous standby, and only it is promoted. async: commits
+# wait for no standby, and a lagging standby may be promoted; the writers then put back what it
+# lacks from the requests topic (docs/architecture.md, "The log is the record").
+HA_REPLICATION="${INTAKE_HA_REPLICATION:-sync}"
 HA_TEMPLATES="$REPO/deploy/ha"
 HA_SCOPE=intake
 
@@ -139,6 +143,20 @@ ha_render() {
 
 # Writes every configuration file of the layout at DIR (again on each start, so that edits
 # of the templates apply). Expects HA, BASE and PRIMARY from start_ha_cluster.
+# ha_dcs: the cluster-wide settings (deploy/ha/dcs.yml) for the replication mode chosen.
+ha_dcs() {
+    case "$HA_REPLICATION" in
+        sync) cat "$HA_TEMPLATES/dcs.yml" ;;
+        # A standby further behind than maximum_lag_on_failover is never promoted, and the
+        # cluster then has no primary at all: with the log as the record, a promotion and a
+        # rewind serve sooner, as far back as the requests topic's retention reaches.
+        async) sed -e 's/^synchronous_mode: true$/synchronous_mode: false/' \
+                   -e 's/^synchronous_mode_strict: true$/synchronous_mode_strict: false/' \
+                   -e 's/^maximum_lag_on_failover: .*/maximum_lag_on_failover: 1073741824/' "$HA_TEMPLATES/dcs.yml" ;;
+        *) say "INTAKE_HA_REPLICATION=$HA_REPLICATION: sync or async"; return 1 ;;
+    esac
+}
+
 ha_write_configs() {
     local n user node etcd_hosts="" archive_mode=off archive_command="" restore_command=""
     for n in 1 2 3; do etcd_hosts+="${etcd_hosts:+,}127.0.0.1:$(ha_port "$BASE" etcd "$n")"; done
@@ -160,11 +178,11 @@ ha_write_configs() {
             REST_PORT="$(ha_port "$BASE" rest "$n")" PG_PORT="$(ha_port "$BASE" pg "$n")" \
             ETCD_HOSTS="$etcd_hosts" PG_BIN="$(dirname "$(pg_bin postgres)")" SHARED_BUFFERS="$HA_SHARED_BUFFERS" \
             ARCHIVE_MODE="$archive_mode" ARCHIVE_COMMAND="$archive_command" RESTORE_COMMAND="$restore_command"
-        { echo "bootstrap:"; echo "  dcs:"; sed -e '/^#/d' -e '/^ *$/d' -e 's/^/    /' "$HA_TEMPLATES/dcs.yml"; } >>"$node/patroni.yml"
+        { echo "bootstrap:"; echo "  dcs:"; ha_dcs | sed -e '/^#/d' -e '/^ *$/d' -e 's/^/    /'; } >>"$node/patroni.yml"
         [ "$(id -u)" = 0 ] && chown -R "$user:" "$node"
         chmod 700 "$node"
     done
-    cp "$HA_TEMPLATES/dcs.yml" "$HA/conf/dcs.yml"
+    ha_dcs >"$HA/conf/dcs.yml"
     # patronictl needs only etcd and the scope.
     printf 'scope: %s\netcd:\n  hosts: %s\n  protocol: http\n' "$HA_SCOPE" "$etcd_hosts" >"$HA/conf/patronictl.yml"
     ha_render "$HA_TEMPLATES/haproxy.cfg" "$HA/conf/haproxy.cfg" RUN="$RUN" PRIMARY_PORT="$PRIMARY" \
@@ -300,7 +318,8 @@ ha_start_node() {
 # ha_rest N PATH: GET from node N's Patroni REST API.
 ha_rest() { curl -fsS --max-time 3 "http://127.0.0.1:$(ha_port "$BASE" rest "$1")$2" 2>/dev/null; }
 
-# ha_cluster_state: "LEADER SYNC_STANDBY" from whichever node answers (empty words when none).
+# ha_cluster_state: "LEADER SYNC_STANDBY" from whichever node answers ("-" when none); with
+# asynchronous replication the second is a streaming standby.
 ha_cluster_state() {
     local n json
     for n in 1 2 3; do
@@ -308,9 +327,10 @@ ha_cluster_state() {
         python3 -c '
 import json, sys
 members = json.loads(sys.argv[1]).get("members", [])
+standby = ("sync_standby",) if sys.argv[2] == "sync" else ("sync_standby", "replica")
 leader = [m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"]
-sync = [m["name"] for m in members if m.get("role") == "sync_standby" and m.get("state") in ("streaming", "running")]
-print(leader[0] if leader else "-", sync[0] if sync else "-")' "$json"
+sync = [m["name"] for m in members if m.get("role") in standby and m.get("state") in ("streaming", "running")]
+print(leader[0] if leader else "-", sync[0] if sync else "-")' "$json" "$HA_REPLICATION"
         return 0
     done
     echo "- -"
@@ -386,7 +406,7 @@ start_ha_cluster() {
     fi
     ha_patronictl_at "$HA" edit-config --apply "$HA/conf/dcs.yml" --force >/dev/null
     [ "$HA_BACKUPS" = 1 ] && ha_backup_setup
-    say "HA layout up: primary $leader, synchronous standby $sync, 127.0.0.1:$PRIMARY"
+    say "HA layout up ($HA_REPLICATION replication): primary $leader, standby $sync, 127.0.0.1:$PRIMARY"
     echo "postgres://postgres@127.0.0.1:$PRIMARY"
 }
 

@@ -7,15 +7,26 @@
 # deploy/up.sh --ha: the same, with PostgreSQL as the HA layout (deploy/ha.sh: three nodes under
 # Patroni and etcd, synchronous replication, the primary behind HAProxy on the same port,
 # pgBackRest) instead of one node. Data in .intake/ha/; deploy/patronictl.sh operates it.
+# deploy/up.sh --ha --async: the HA layout with asynchronous replication: no commit waits for a
+# standby, a lagging standby may be promoted, and the writers put back what it lacks from the
+# requests topic (docs/architecture.md, "The log is the record"). Run without --async again to
+# return to synchronous replication.
 source "$(dirname "$0")/lib.sh"
 
 ha=0
+async=0
 for arg in "$@"; do
     case "$arg" in
         --ha) ha=1 ;;
-        *) echo "usage: deploy/up.sh [--ha]" >&2; exit 2 ;;
+        --async) async=1 ;;
+        *) echo "usage: deploy/up.sh [--ha [--async]]" >&2; exit 2 ;;
     esac
 done
+if [ "$async" = 1 ] && [ "$ha" = 0 ]; then
+    echo "usage: --async is a mode of the HA layout: deploy/up.sh --ha --async" >&2
+    exit 2
+fi
+[ "$async" = 1 ] && HA_REPLICATION=async
 
 # One PostgreSQL layout at a time: both serve 127.0.0.1:$PG_PORT.
 if [ "$ha" = 1 ] && ha_single_running; then
@@ -62,8 +73,9 @@ fi
 create_database intake
 export DATABASE_URL="$(database_url intake)"
 # What a write's answer waits for (docs/architecture.md, "Acknowledged means replicated"): a
-# synchronous standby's flush on the HA layout, the disk of the single node.
-if [ "$ha" = 1 ]; then
+# synchronous standby's flush on the HA layout, the disk of the primary with asynchronous
+# replication (the requests topic keeps the rest) and on the single node.
+if [ "$ha" = 1 ] && [ "$async" = 0 ]; then
     export INTAKE_WRITER_ACK_WHEN=replicated
 else
     export INTAKE_WRITER_ACK_WHEN=flushed

@@ -842,6 +842,20 @@ pub async fn stored_values(
     .collect()
 }
 
+/// The id of each conversion of `workspace_id`, by external id.
+pub async fn stored_conversion_ids(
+    db: &sqlx::PgPool,
+    workspace_id: &str,
+) -> std::collections::BTreeMap<String, String> {
+    sqlx::query_as::<_, (String, String)>("SELECT external_id, id FROM conversions WHERE workspace_id = $1")
+        .bind(workspace_id)
+        .fetch_all(db)
+        .await
+        .unwrap_or_else(|e| panic!("reading the conversions of {workspace_id}: {e}"))
+        .into_iter()
+        .collect()
+}
+
 /// A conversion input with the required fields and a fresh external id.
 /// A database of a test's own on the test server, migrated by the writer under test: for a
 /// test that needs DDL (a trigger), which on the shared database would lock out every concurrent
@@ -1132,6 +1146,8 @@ pub fn topic_contents(topic: &str) -> String {
 pub struct Sent {
     pub workspace: usize,
     pub external_ids: Vec<String>,
+    /// The conversion id the answer gave each of them (none for a request not answered 2xx).
+    pub ids: Vec<Option<String>>,
     /// The value every conversion of the request carried: each send of a pair carries a new one.
     pub value: String,
     pub status: u16,
@@ -1243,12 +1259,15 @@ async fn write_in_a_loop(
         n += 1;
         let started = Instant::now();
         let value = format!("{n}.{:02}", ulid::Ulid::new().random() % 100);
-        let (external_ids, status) = if n.is_multiple_of(5) {
-            let ids: Vec<String> = (0..20).map(|i| format!("{prefix}-b{n}-{i}")).collect();
-            let items: Vec<Value> = ids.iter().map(|id| purchase(id, &value)).collect();
+        let id_of = |conversion: &Value| conversion["id"].as_str().map(str::to_owned);
+        let (external_ids, ids, status) = if n.is_multiple_of(5) {
+            let external_ids: Vec<String> = (0..20).map(|i| format!("{prefix}-b{n}-{i}")).collect();
+            let items: Vec<Value> = external_ids.iter().map(|id| purchase(id, &value)).collect();
             let reply = client.post("/v1/conversions/batch", &key, &json!({ "conversions": items })).await;
-            let all_ok = reply.body["results"].as_array().is_some_and(|r| r.iter().all(|i| i["ok"] == json!(true)));
-            (ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
+            let results = reply.body["results"].as_array().cloned().unwrap_or_default();
+            let all_ok = !results.is_empty() && results.iter().all(|i| i["ok"] == json!(true));
+            let ids = results.iter().map(|r| id_of(&r["conversion"])).collect();
+            (external_ids, ids, if reply.status == 200 && !all_ok { 599 } else { reply.status })
         } else {
             let earlier = (n.is_multiple_of(2) && !singles.is_empty())
                 .then(|| singles[(ulid::Ulid::new().random() % singles.len() as u128) as usize].clone());
@@ -1257,7 +1276,7 @@ async fn write_in_a_loop(
                 format!("{prefix}-s{n}")
             });
             let reply = client.post("/v1/conversions", &key, &purchase(&id, &value)).await;
-            (vec![id], reply.status)
+            (vec![id], vec![id_of(&reply.body["conversion"])], reply.status)
         };
         if (200..300).contains(&status) {
             if let Ok(mut last) = last_ok[workspace].lock() {
@@ -1265,7 +1284,7 @@ async fn write_in_a_loop(
             }
             acknowledged.fetch_add(1, Ordering::Relaxed);
         }
-        sent.push(Sent { workspace, external_ids, value, status, started, took: started.elapsed() });
+        sent.push(Sent { workspace, external_ids, ids, value, status, started, took: started.elapsed() });
         if !(200..300).contains(&status) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -1316,11 +1335,14 @@ pub struct LedgerCheck {
     pub wrong: Vec<(String, Option<String>, Vec<String>)>,
     /// Pairs with an acknowledged update (a value acknowledged after another was sent).
     pub updated: usize,
+    /// Pairs stored under another id than an answer gave them: the pair, the id stored, the
+    /// ids the answers gave.
+    pub other_ids: Vec<(String, String, Vec<String>)>,
 }
 
 impl LedgerCheck {
     pub fn is_clean(&self) -> bool {
-        self.missing.is_empty() && self.wrong.is_empty()
+        self.missing.is_empty() && self.wrong.is_empty() && self.other_ids.is_empty()
     }
 }
 
@@ -1333,30 +1355,43 @@ pub async fn check_ledger(keys: &[TestKey], sent: &[Sent], patience: Duration) -
 
 /// [`check_ledger`] against the database `db` (a [`PrivatePostgres`]'s).
 pub async fn check_ledger_in(db: &sqlx::PgPool, keys: &[TestKey], sent: &[Sent], patience: Duration) -> LedgerCheck {
-    /// Every value sent for a pair, in order, and the index of the last acknowledged.
-    type Sends<'a> = (Vec<&'a str>, Option<usize>);
+    /// Every value sent for a pair, in order, the index of the last acknowledged, and the ids
+    /// the answers gave it.
+    type Sends<'a> = (Vec<&'a str>, Option<usize>, Vec<&'a str>);
     let mut ledger: std::collections::BTreeMap<(usize, &str), Sends> = Default::default();
     let mut in_order: Vec<&Sent> = sent.iter().collect();
     in_order.sort_by_key(|s| s.started);
     for s in in_order {
-        for id in &s.external_ids {
-            let (values, last) = ledger.entry((s.workspace, id.as_str())).or_default();
+        for (n, id) in s.external_ids.iter().enumerate() {
+            let (values, last, told) = ledger.entry((s.workspace, id.as_str())).or_default();
             values.push(&s.value);
             if (200..300).contains(&s.status) {
                 *last = Some(values.len() - 1);
+                told.extend(s.ids.get(n).and_then(|id| id.as_deref()));
             }
         }
     }
     let deadline = Instant::now() + patience;
     loop {
         let mut stored = Vec::new();
+        let mut stored_ids = Vec::new();
         for key in keys {
             stored.push(stored_values(db, &key.workspace_id).await);
+            stored_ids.push(stored_conversion_ids(db, &key.workspace_id).await);
         }
         let mut check = LedgerCheck::default();
-        for ((workspace, id), (values, last)) in &ledger {
+        for ((workspace, id), (values, last, told)) in &ledger {
             let Some(last) = *last else { continue };
             check.updated += usize::from(last > 0);
+            if let Some(stored_id) = stored_ids[*workspace].get(*id) {
+                if told.iter().any(|t| t != stored_id) {
+                    check.other_ids.push((
+                        (*id).to_owned(),
+                        stored_id.clone(),
+                        told.iter().map(|t| (*t).to_owned()).collect(),
+                    ));
+                }
+            }
             match stored[*workspace].get(*id) {
                 None => check.missing.push((*id).to_owned()),
                 Some(value) => {

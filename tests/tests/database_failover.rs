@@ -1,7 +1,9 @@
 //! Losing the database's primary machine under traffic: writes come back within 30 s with no
 //! operator, nothing acknowledged is lost or stale, and the old primary rejoins as a standby.
 //! On an HA layout of the test's own (deploy/ha.sh: three etcd members, three PostgreSQL nodes
-//! under Patroni with a synchronous standby, HAProxy as the primary's address).
+//! under Patroni with a synchronous standby, HAProxy as the primary's address). With
+//! asynchronous replication, a standby promoted behind the lost primary gets back from the
+//! requests topic every write it lacked, under the ids its clients were told.
 
 use intake_tests::serde_json::Value;
 use intake_tests::{check_ledger_in, env, wait_until, FaultReport, Sent, Stack, StackOptions, Traffic};
@@ -25,10 +27,16 @@ const PRIMARY_OFFSET: u16 = 55;
 struct HaLayout {
     dir: PathBuf,
     base: u16,
+    /// deploy/ha.sh's INTAKE_HA_REPLICATION: sync or async.
+    replication: &'static str,
 }
 
 impl HaLayout {
     fn start() -> HaLayout {
+        HaLayout::start_with("sync")
+    }
+
+    fn start_with(replication: &'static str) -> HaLayout {
         let slots = (BASES.end - BASES.start) / SLOT;
         let first = (ulid::Ulid::new().random() % u128::from(slots)) as u16;
         let base = (0..slots)
@@ -39,7 +47,7 @@ impl HaLayout {
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         // The nodes run as users of their own (as root), who must reach their directories.
         let _ = Command::new("chmod").arg("755").arg(&dir).status();
-        let layout = HaLayout { dir, base };
+        let layout = HaLayout { dir, base, replication };
         layout.start_what_is_down();
         layout
     }
@@ -59,6 +67,7 @@ impl HaLayout {
             .env("INTAKE_HOME", &self.dir)
             // No WAL archive and no backups, and small nodes: a short-lived layout.
             .env("INTAKE_HA_BACKUPS", "0")
+            .env("INTAKE_HA_REPLICATION", self.replication)
             .env("INTAKE_HA_SHARED_BUFFERS", "128MB")
             .stdin(Stdio::null())
             .output()
@@ -570,4 +579,125 @@ async fn no_answer_leaves_before_a_synchronous_standby_has_the_commit_however_it
     signal_wal_receivers(&standbys, "CONT").await;
     assert!(!output.status.success(), "revoked on the primary alone, yet reported done: {output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("not acknowledged"), "{output:?}");
+}
+
+/// The primary's WAL senders stopped (SIGSTOP) or let go on (SIGCONT): while stopped, nothing
+/// more reaches any standby. Kept under the standbys' `wal_receiver_timeout` (5 s), past which
+/// they connect again to a new sender.
+async fn signal_wal_senders(primary_port: u16, signal: &str) -> usize {
+    let url = format!("postgres://postgres@127.0.0.1:{primary_port}/postgres");
+    let mut connection =
+        <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap_or_else(|e| panic!("the primary: {e}"));
+    let pids: Vec<i32> = sqlx::query_scalar("SELECT pid FROM pg_stat_replication")
+        .fetch_all(&mut connection)
+        .await
+        .unwrap_or_else(|e| panic!("the primary's WAL senders: {e}"));
+    for pid in &pids {
+        let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid}");
+    }
+    pids.len()
+}
+
+/// WAL bytes between the primary's current position and the furthest a standby has received.
+async fn standby_lag_bytes(primary_port: u16) -> Option<i64> {
+    let url = format!("postgres://postgres@127.0.0.1:{primary_port}/postgres");
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.ok()?;
+    sqlx::query_scalar(
+        "SELECT min(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(flush_lsn, '0/0')))::int8 FROM pg_stat_replication",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .ok()
+    .flatten()
+}
+
+// Several threads: the layout's scripts block one while the test goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_acknowledged_write_back_from_the_log() {
+    let started = Instant::now();
+    let layout = tokio::task::block_in_place(|| HaLayout::start_with("async"));
+    layout.migrate();
+    // `auto`: no synchronous standby is named, so an answer waits for the primary's disk alone.
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(layout.database_url()),
+        writer_env: vec![("INTAKE_LOG".to_owned(), "info,intake_writer::rewind=debug".to_owned())],
+        ..StackOptions::unlimited()
+    })
+    .await;
+    let keys = stack.workspaces_on_every_partition();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let leader = || async {
+        for node in 1..=3 {
+            let Ok(response) = http.get(layout.rest_url(node, "/cluster")).send().await else { continue };
+            if let Ok(cluster) = response.json::<Value>().await {
+                let members = members(&cluster);
+                if let Some((name, _, _)) = members.iter().find(|(_, role, _)| role == "leader") {
+                    return Some(name.clone());
+                }
+            }
+        }
+        None
+    };
+    let old = leader().await.unwrap_or_else(|| panic!("no leader"));
+    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
+    let old_port = layout.base + 19 + old_node;
+
+    let traffic = Traffic::start(stack.client(), &keys);
+    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
+        .await;
+    // The standbys fall behind: what the primary commits from here on reaches none of them,
+    // and is acknowledged all the same.
+    let senders = signal_wal_senders(old_port, "STOP").await;
+    assert_eq!(senders, 2, "both standbys streamed from the primary");
+    let behind_from = traffic.acknowledged();
+    wait_until("writes acknowledged on the primary alone", Duration::from_secs(3), || async {
+        traffic.acknowledged() >= behind_from + keys.len() * 2
+    })
+    .await;
+    let lag = standby_lag_bytes(old_port).await;
+    let acknowledged_alone = traffic.acknowledged() - behind_from;
+    // The primary's machine is lost, and Patroni promotes a standby that lacks those writes.
+    tokio::task::block_in_place(|| layout.kill_node(old_node));
+    let killed_at = Instant::now();
+    traffic.wait_recovered(killed_at, Duration::from_secs(60)).await;
+    let back = traffic.acknowledged();
+    wait_until("writes on the new primary", Duration::from_secs(30), || async {
+        traffic.acknowledged() >= back + keys.len() * 2
+    })
+    .await;
+    let sent = traffic.stop().await;
+    let new = leader().await.unwrap_or_default();
+    let report = FaultReport::of(&sent, keys.len(), killed_at);
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(30)).await;
+    let metrics = stack.writer_metrics(0).await;
+    let reapplied = metrics.value("intake_writer_reapplied_messages_total");
+    eprintln!(
+        "asynchronous failover of {old} to {new}: {acknowledged_alone} requests acknowledged on the primary alone, \
+         the standbys {} bytes of WAL behind at the loss; rewinds read {} messages again and applied {reapplied} \
+         the new primary lacked; {} requests, {} acknowledged, {} failed, recovered after {:?}; \
+         ledger {} missing, {} wrong, {} under other ids ({} updated); test {:.1} s",
+        lag.map_or("?".to_owned(), |l| l.to_string()),
+        metrics.value("intake_writer_rewound_messages_total"),
+        sent.len(),
+        report.acknowledged,
+        report.failed,
+        report.recovered_after,
+        check.missing.len(),
+        check.wrong.len(),
+        check.other_ids.len(),
+        check.updated,
+        started.elapsed().as_secs_f64(),
+    );
+    assert_ne!(new, old, "a standby was promoted");
+    assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
+    assert!(check.is_clean(), "acknowledged but not stored, stale, or under another id: {check:?}");
+    assert!(reapplied > 0.0, "the promoted standby lacked acknowledged writes, which the rewind applied again");
+    assert!(metrics.value("intake_writer_lineage_changes_total") >= 1.0);
+    assert_eq!(metrics.value("intake_writer_rewind_lost_messages_total"), 0.0);
 }

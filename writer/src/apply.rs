@@ -568,6 +568,9 @@ impl Worker {
             groups.flat_map(|(group, answers)| group.messages.iter().map(|q| &q.message).zip(answers)).collect();
         for &(message, answer) in &answered {
             record(&self.metrics, message, answer.label, &answer.outcome);
+            if message.answered_before && answer.label == "applied" {
+                self.metrics.reapplied_messages.inc();
+            }
         }
         let replies = answered
             .into_iter()

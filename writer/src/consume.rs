@@ -12,12 +12,12 @@
 use crate::apply::{Failpoint, Signals, Worker};
 use crate::health::{Health, WriterContext};
 use crate::inbox::{Admission, Inbound, Partitions};
-use crate::positions::Positions;
-use crate::rewind::{AnsweredBelow, Rewinder};
 use crate::metrics::{self, Metrics};
 use crate::outbox::Outbox;
+use crate::positions::Positions;
 use crate::read::Reader;
 use crate::retry::Policy;
+use crate::rewind::{AnsweredBelow, Rewinder};
 use crate::schedule::Scheduler;
 use crate::store::Database;
 use intake_common::config::KafkaArgs;
@@ -164,7 +164,8 @@ impl Partitions for KafkaPartitions {
         if self.health.rewinding(partition) {
             return Admission::Drop;
         }
-        let below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied();
+        let below =
+            self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&partition).copied();
         Admission::Take { answered_before: below.is_some_and(|below| offset < below) }
     }
 }

@@ -191,8 +191,12 @@ impl Health {
     fn assigned(&self, partitions: impl Iterator<Item = i32>) {
         let mut held = self.lock();
         for partition in partitions {
-            let state =
-                held.entry(partition).or_insert(PartitionState { lag: 0, progressed_at: Instant::now(), held: false, rewind: true });
+            let state = held.entry(partition).or_insert(PartitionState {
+                lag: 0,
+                progressed_at: Instant::now(),
+                held: false,
+                rewind: true,
+            });
             // Reassigned: read from the committed offset, which may be ahead of the database.
             state.rewind = true;
         }

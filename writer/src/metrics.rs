@@ -89,6 +89,9 @@ pub struct Metrics {
     /// Messages a rewind read again, below the offsets answered before it: those the database
     /// had are recognised, the others applied again.
     pub rewound_messages: Counter,
+    /// Of those, the messages the database lacked, applied again under the ids their clients
+    /// were told.
+    pub reapplied_messages: Counter,
     /// Messages a rewind needed that the requests topic no longer holds (its retention passed):
     /// answered once and now in neither the database nor Kafka.
     pub rewind_lost_messages: Counter,
@@ -121,6 +124,7 @@ impl Metrics {
             schema_behind: Gauge::default(),
             lineage_changes: Counter::default(),
             rewound_messages: Counter::default(),
+            reapplied_messages: Counter::default(),
             rewind_lost_messages: Counter::default(),
             registry: Registry::default(),
         };
@@ -220,6 +224,11 @@ impl Metrics {
             "rewound_messages",
             "Messages read again by rewinds to the database's positions",
             metrics.rewound_messages.clone(),
+        );
+        registry.register(
+            "reapplied_messages",
+            "Messages a rewind read again that the database lacked, applied again",
+            metrics.reapplied_messages.clone(),
         );
         registry.register(
             "rewind_lost_messages",

@@ -111,6 +111,24 @@ impl Positions {
     }
 }
 
+/// Records `offsets` as the positions of partitions the database has none of (a database from
+/// before positions were kept, or a partition it never applied), committed like a chunk (it
+/// waits for a synchronous standby), so that a standby promoted later has a position to rewind
+/// to.
+pub async fn seed(pool: &PgPool, topic: &str, offsets: &[(i32, i64)]) -> Result<(), sqlx::Error> {
+    let (partitions, next): (Vec<i32>, Vec<i64>) = offsets.iter().copied().unzip();
+    sqlx::query(
+        "INSERT INTO log_positions (topic, partition, next_offset)
+         SELECT $1, p, n FROM unnest($2::int4[], $3::int8[]) AS a(p, n) ON CONFLICT DO NOTHING",
+    )
+    .bind(topic)
+    .bind(&partitions)
+    .bind(&next)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The database's positions of these partitions of `topic`; a partition it has none of is
 /// missing (a topic it never applied, or a database from before positions were kept).
 pub async fn load(pool: &PgPool, topic: &str, partitions: &[i32]) -> Result<HashMap<i32, i64>, sqlx::Error> {

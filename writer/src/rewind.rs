@@ -93,12 +93,14 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
         self.scheduler.rebalanced(generation);
         let list = self.list(partitions, |_| Offset::Invalid)?;
         self.consumer.pause(&list)?;
+        let started = std::time::Instant::now();
         let database = positions::load(&self.pool, &self.topic, partitions).await?;
-        let committed = self.blocking({
-            let list = list.clone();
-            move |consumer| consumer.committed_offsets(list, KAFKA_TIMEOUT)
-        })
-        .await?;
+        let committed = self
+            .blocking({
+                let list = list.clone();
+                move |consumer| consumer.committed_offsets(list, KAFKA_TIMEOUT)
+            })
+            .await?;
         let committed: HashMap<i32, i64> = committed
             .elements()
             .iter()
@@ -107,6 +109,21 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
                 _ => None,
             })
             .collect();
+        tracing::debug!(?partitions, ?database, ?committed, took = ?started.elapsed(), "rewind: positions read");
+        // A partition the database has no position of starts where Kafka says, and that is
+        // recorded before it is read: from then on the database has a position of its own.
+        let unknown: Vec<(i32, i64)> = partitions
+            .iter()
+            .filter(|p| !database.contains_key(p))
+            .map(|&p| (p, committed.get(&p).copied().unwrap_or(0)))
+            .collect();
+        if !unknown.is_empty() {
+            tracing::info!(
+                ?unknown,
+                "no position of these partitions in the database: starting from Kafka's and recording it"
+            );
+            positions::seed(&self.pool, &self.topic, &unknown).await?;
+        }
         for &partition in partitions {
             let position = database.get(&partition).copied();
             let oldest = match position {
@@ -136,7 +153,12 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
                         "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
                     );
                 }
-                tracing::info!(partition, from = offset, answered_below = start.answered_below, "partition rewound to the database's position");
+                tracing::info!(
+                    partition,
+                    from = offset,
+                    answered_below = start.answered_below,
+                    "partition rewound to the database's position"
+                );
             }
             let mut below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match start.answered_below {
@@ -147,6 +169,7 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             self.health.rewound(partition, generation);
         }
         let done: Vec<i32> = partitions.iter().copied().filter(|&p| !self.health.rewinding(p)).collect();
+        tracing::debug!(?done, took = ?started.elapsed(), "rewind: done");
         if !done.is_empty() {
             self.consumer.resume(&self.list(&done, |_| Offset::Invalid)?)?;
         }
@@ -207,9 +230,6 @@ mod tests {
 
     #[test]
     fn what_the_topic_no_longer_holds_is_counted_lost_and_reading_starts_at_its_oldest() {
-        assert_eq!(
-            start(Some(40), Some(100), None, 55),
-            Start { seek: Some(55), answered_below: Some(100), lost: 15 }
-        );
+        assert_eq!(start(Some(40), Some(100), None, 55), Start { seek: Some(55), answered_below: Some(100), lost: 15 });
     }
 }
