@@ -17,6 +17,23 @@ pub const MAX_CHUNK_ITEMS: usize = 100;
 pub enum WriteRequest {
     #[serde(rename = "1")]
     V1(WriteRequestV1),
+    /// Not a write: an erasure that `intake-writer erase` applied, recorded in its workspace's
+    /// order so that a rewind or a replay that applies the person's data again erases it again.
+    #[serde(rename = "erasure-1")]
+    Erasure(ErasureV1),
+}
+
+/// An erasure as it was applied (docs/api.md, "Erasure"): which identifier, by the value its
+/// look-up compares (for an email or a phone, the hash of the normalized value: never the raw
+/// identifier), and the erasure's instant, which makes applying it again a no-op once applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasureV1 {
+    pub workspace_id: String,
+    /// email, phone, contact_id or visitor_id.
+    pub kind: String,
+    pub value: String,
+    /// The erasure's instant, in microseconds since the Unix epoch.
+    pub erased_at_us: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +92,7 @@ impl WriteRequest {
     pub fn from_slice(bytes: &[u8]) -> serde_json::Result<Self> {
         match version(bytes)?.as_ref() {
             "1" => serde_json::from_slice(bytes).map(WriteRequest::V1),
+            "erasure-1" => serde_json::from_slice(bytes).map(WriteRequest::Erasure),
             other => Err(unknown_version(other)),
         }
     }
@@ -261,6 +279,14 @@ mod tests {
         });
         let bytes = serde_json::to_vec(&request).unwrap_or_default();
         assert_eq!(WriteRequest::from_slice(&bytes).ok(), Some(request));
+        let erasure = WriteRequest::Erasure(ErasureV1 {
+            workspace_id: "w".into(),
+            kind: "email".into(),
+            value: "ab".repeat(32),
+            erased_at_us: i64::MAX,
+        });
+        let bytes = serde_json::to_vec(&erasure).unwrap_or_default();
+        assert_eq!(WriteRequest::from_slice(&bytes).ok(), Some(erasure));
         let result = ItemResult {
             id: "i".into(),
             event: "e".into(),

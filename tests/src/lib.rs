@@ -842,6 +842,25 @@ pub async fn stored_values(
     .collect()
 }
 
+/// Topics of a test's own, made as `intake-writer topics` makes them, and the environment that
+/// names them: for an operator command run without a [`Stack`] that records in the requests
+/// topic (`erase`).
+pub fn own_topics() -> Vec<(String, String)> {
+    let prefix = format!("t{}", ulid::Ulid::new().to_string().to_lowercase());
+    let env = vec![
+        ("INTAKE_REQUESTS_TOPIC".to_owned(), format!("{prefix}.requests")),
+        ("INTAKE_REPLIES_TOPIC".to_owned(), format!("{prefix}.replies")),
+        ("INTAKE_DLQ_TOPIC".to_owned(), format!("{prefix}.requests.dlq")),
+    ];
+    let output = Command::new(bin("intake-writer"))
+        .args(["topics", "--request-partitions", "1", "--reply-partitions", "1", "--replication", "1"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap_or_else(|e| panic!("intake-writer topics: {e}"));
+    assert!(output.status.success(), "intake-writer topics: {}", String::from_utf8_lossy(&output.stderr));
+    env
+}
+
 /// The id of each conversion of `workspace_id`, by external id.
 pub async fn stored_conversion_ids(
     db: &sqlx::PgPool,

@@ -646,11 +646,35 @@ async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_ack
     let traffic = Traffic::start(stack.client(), &keys);
     wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
         .await;
-    // The standbys fall behind: what the primary commits from here on reaches none of them,
-    // and is acknowledged all the same.
+    // A person's conversion that every standby has...
+    let person = &keys[0];
+    let email = "someone.erased@example.com";
+    let with_email = |external_id: &str| {
+        let mut item = intake_tests::purchase(external_id, "1.00");
+        item["email"] = email.into();
+        item
+    };
+    let replicated = stack.post("/v1/conversions", person, &with_email("person-before")).await;
+    assert_eq!(replicated.status, 201, "{:?}", replicated.body);
+    wait_until("the standbys have the person's conversion", Duration::from_secs(10), || async {
+        standby_lag_bytes(old_port).await == Some(0)
+    })
+    .await;
+    // ...then the standbys fall behind: what the primary commits from here on reaches none of
+    // them, and is acknowledged all the same: a second conversion of the person, the person's
+    // erasure, and the traffic.
     let senders = signal_wal_senders(old_port, "STOP").await;
     assert_eq!(senders, 2, "both standbys streamed from the primary");
     let behind_from = traffic.acknowledged();
+    let alone = stack.post("/v1/conversions", person, &with_email("person-after")).await;
+    assert_eq!(alone.status, 201, "{:?}", alone.body);
+    let erased = stack
+        .run_writer_command_with_input(
+            &["erase", "--workspace", &person.workspace_id, "--email"],
+            &format!("{email}\n"),
+        )
+        .unwrap_or_else(|e| panic!("erase: {e:#}"));
+    assert_eq!(erased["conversions"], 2, "{erased}");
     wait_until("writes acknowledged on the primary alone", Duration::from_secs(3), || async {
         traffic.acknowledged() >= behind_from + keys.len() * 2
     })
@@ -693,6 +717,21 @@ async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_ack
         check.other_ids.len(),
         check.updated,
         started.elapsed().as_secs_f64(),
+    );
+    // The erasure the promoted standby lacked came back from the log after the person's data
+    // that the rewind applied again: neither conversion keeps the email.
+    let person_rows: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT external_id, email_digest IS NOT NULL FROM conversions
+          WHERE workspace_id = $1 AND external_id LIKE 'person-%' ORDER BY external_id",
+    )
+    .bind(&person.workspace_id)
+    .fetch_all(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        person_rows,
+        [("person-after".to_owned(), false), ("person-before".to_owned(), false)],
+        "both of the person's conversions, erased"
     );
     assert_ne!(new, old, "a standby was promoted");
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");

@@ -267,10 +267,12 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
     .execute(&db)
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+    let topics = intake_tests::own_topics();
     let started = std::time::Instant::now();
     let mut erase = Command::new(std::path::Path::new(&env("INTAKE_BIN_DIR")).join("intake-writer"))
         .args(["erase", "--workspace", "ws_0", "--email"])
         .env("DATABASE_URL", &own.url)
+        .envs(topics)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -20,7 +20,7 @@ use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
 use crate::store::{Chunk, Database, Fence, Lock, Run, WorkspaceRun};
-use intake_common::message::{ChunkOutcome, RequestPart, WriteRequestV1};
+use intake_common::message::{ChunkOutcome, ErasureV1, RequestPart, WriteRequestV1};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +48,10 @@ pub trait Store: Send + Sync {
 
     /// Whether PostgreSQL takes writes at all (`retry::Failure::MaybeOutage`).
     fn takes_writes(&self) -> BoxFuture<'_, bool>;
+
+    /// An erasure read from the requests topic, applied unless the database has it; true when
+    /// applied now.
+    fn apply_erasure<'a>(&'a self, erasure: &'a ErasureV1) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 }
 
 impl Store for Database {
@@ -69,6 +73,16 @@ impl Store for Database {
 
     fn takes_writes(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move { !self.schema_is_behind().await && self.probe_writes().await.is_ok() })
+    }
+
+    fn apply_erasure<'a>(&'a self, erasure: &'a ErasureV1) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            // A database error keeps its class (an outage is waited out); any other is the
+            // record's own (a workspace that does not exist).
+            crate::erase::apply_record(self, erasure).await.map_err(|error| {
+                error.downcast::<sqlx::Error>().unwrap_or_else(|other| sqlx::Error::Decode(other.into()))
+            })
+        })
     }
 }
 
@@ -136,10 +150,11 @@ impl Answer {
 }
 
 /// Why a message is answered without being applied.
-enum Unapplied {
+enum Unapplied<'m> {
     Expired,
     Unreadable,
     Unanswerable(Unanswerable),
+    Erasure(&'m ErasureV1),
 }
 
 #[derive(Clone)]
@@ -201,7 +216,7 @@ impl Worker {
             && !group.alone
             && group.messages.iter().all(|queued| match &queued.message.body {
                 Body::Request(request) => self.outbox.reply_partition_known(request.reply_partition),
-                Body::Expired(_) | Body::Unreadable(_) => false,
+                Body::Expired(_) | Body::Unreadable(_) | Body::Erasure(_) => false,
             })
     }
 
@@ -365,6 +380,7 @@ impl Worker {
                 }
                 Body::Expired(_) => Unapplied::Expired,
                 Body::Unreadable(_) => Unapplied::Unreadable,
+                Body::Erasure(erasure) => Unapplied::Erasure(erasure),
             };
             // What came before it is applied first.
             if !self.apply(&std::mem::take(&mut run), &mut answers, fence, shutdown).await? {
@@ -501,10 +517,31 @@ impl Worker {
     async fn answer_unapplied(
         &self,
         message: &Inbound,
-        unapplied: Unapplied,
+        unapplied: Unapplied<'_>,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Option<Answer>, Interrupted> {
         match unapplied {
+            // In its workspace's order: what came before it was applied first.
+            Unapplied::Erasure(erasure) => {
+                let applying =
+                    self.policy.run("erasure", &self.metrics, None, shutdown, || self.store.apply_erasure(erasure));
+                match applying.await {
+                    Ok(again) => {
+                        if again {
+                            tracing::warn!(workspace_id = %erasure.workspace_id, kind = %erasure.kind, "an erasure the database lacked was applied again from the requests topic");
+                        }
+                        let outcome = ChunkOutcome::Applied { results: Vec::new(), merged: Vec::new() };
+                        Ok(Some(Answer { outcome, label: "erasure", reply: false }))
+                    }
+                    Err(Stop::Interrupted) => Err(Interrupted),
+                    Err(Stop::Busy { .. }) => Ok(None),
+                    Err(Stop::GaveUp { error, attempts }) => {
+                        let answer =
+                            self.give_up(message, "erasure_failed", error.to_string(), attempts, shutdown).await?;
+                        Ok(answer.map(|answer| Answer { reply: false, ..answer }))
+                    }
+                }
+            }
             // Its gateway answered 500 before it reached the topic. Its request is failed too,
             // so that the prefix rule does not rest on append times being in order (a later
             // chunk appended in time after a leader change is not applied either).
@@ -598,7 +635,7 @@ fn only(mut runs: Vec<Run>) -> Run {
 fn applicable(message: &Inbound) -> Option<&WriteRequestV1> {
     match &message.body {
         Body::Request(request) => Some(request),
-        Body::Expired(_) | Body::Unreadable(_) => None,
+        Body::Expired(_) | Body::Unreadable(_) | Body::Erasure(_) => None,
     }
 }
 
@@ -736,6 +773,12 @@ pub mod testing {
         fn takes_writes(&self) -> BoxFuture<'_, bool> {
             Box::pin(std::future::ready(true))
         }
+
+        /// An erasure is a run of its own, named `erase:<kind>`.
+        fn apply_erasure<'a>(&'a self, erasure: &'a ErasureV1) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+            self.runs.lock().unwrap_or_else(|e| e.into_inner()).push(vec![format!("erase:{}", erasure.kind)]);
+            Box::pin(std::future::ready(Ok(true)))
+        }
     }
 
     pub struct Rig {
@@ -846,6 +889,26 @@ mod tests {
 
     fn part(request: &mut WriteRequestV1, id: &str, index: u32) {
         request.request = Some(RequestPart { id: id.to_owned(), index });
+    }
+
+    #[tokio::test]
+    async fn an_erasure_read_from_the_topic_is_applied_in_its_workspaces_order_and_answered_to_nobody() {
+        let rig = rig(Duration::from_secs(60), None);
+        let erasure = intake_common::message::WriteRequest::Erasure(ErasureV1 {
+            workspace_id: "ws_a".into(),
+            kind: "email".into(),
+            value: "ab".repeat(32),
+            erased_at_us: 1,
+        });
+        let payload = serde_json::to_vec(&erasure).unwrap_or_default();
+        rig.read(&message(&request("ws_a", "c1", 1), 0, 0, 0));
+        rig.read(&crate::inbox::testing::raw(b"ws_a", payload, 0, 1, 0));
+        rig.read(&message(&request("ws_a", "c2", 1), 0, 2, 0));
+        rig.step().await;
+        assert_eq!(rig.store.runs(), vec![vec!["c1"], vec!["erase:email"], vec!["c2"]]);
+        assert_eq!(rig.replies(), vec![reply("c1", 1, "applied"), reply("c2", 1, "applied")]);
+        assert_eq!(RecordedPartitions::stored(&rig.partitions), vec![(0, 3)]);
+        assert!(rig.sender.sent_to("dlq").is_empty());
     }
 
     #[tokio::test]

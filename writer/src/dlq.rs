@@ -51,6 +51,10 @@ pub fn inspect(kafka_args: &KafkaArgs, limit: usize) -> anyhow::Result<Value> {
                 entry.insert("correlation_id".into(), json!(request.correlation_id));
                 entry.insert("items".into(), json!(request.items.len()));
             }
+            Ok(WriteRequest::Erasure(erasure)) => {
+                entry.insert("workspace_id".into(), json!(erasure.workspace_id));
+                entry.insert("erasure".into(), json!(erasure.kind));
+            }
             Err(_) => {
                 entry.insert("readable".into(), json!(false));
             }

@@ -5,8 +5,12 @@
 use crate::lookups;
 use crate::store::Database;
 use anyhow::bail;
+use intake_common::config::KafkaArgs;
 use intake_common::conversion::Conversion;
+use intake_common::kafka;
+use intake_common::message::{ErasureV1, WriteRequest};
 use intake_common::normalize;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{json, Value};
 use sqlx::Connection;
 
@@ -18,32 +22,22 @@ pub enum Identifier {
 }
 
 impl Identifier {
-    fn kind(&self) -> &'static str {
-        match self {
-            Identifier::Email(_) => "email",
-            Identifier::Phone { .. } => "phone",
-            Identifier::ContactId(_) => "contact_id",
-            Identifier::VisitorId(_) => "visitor_id",
-        }
-    }
-
-    /// The statement that finds the conversions carrying the identifier, and the value it
-    /// compares with.
-    fn lookup(&self) -> anyhow::Result<(&'static str, String)> {
+    /// The value the look-up compares: the hash of a normalized email or phone, never the
+    /// identifier itself.
+    fn lookup_value(&self) -> anyhow::Result<String> {
         Ok(match self {
             Identifier::Email(email) => match normalize::email_hash(email) {
-                Some(hash) => (lookups::PERSON_BY_EMAIL, hash.as_str().to_owned()),
+                Some(hash) => hash.as_str().to_owned(),
                 None => bail!("--email is not a usable email address"),
             },
             Identifier::Phone { number, country } => {
                 let country = country.as_deref().map(str::to_ascii_uppercase);
                 match normalize::phone_hash(number, country.as_deref()) {
-                    Some(hash) => (lookups::PERSON_BY_PHONE, hash.as_str().to_owned()),
+                    Some(hash) => hash.as_str().to_owned(),
                     None => bail!("--phone cannot be parsed (give --country, or a leading +)"),
                 }
             }
-            Identifier::ContactId(id) => (lookups::PERSON_BY_CONTACT, id.clone()),
-            Identifier::VisitorId(id) => (lookups::PERSON_BY_VISITOR, id.clone()),
+            Identifier::ContactId(id) | Identifier::VisitorId(id) => id.clone(),
         })
     }
 }
@@ -118,13 +112,48 @@ impl Identifiers {
     }
 }
 
-/// The kinds of identifier a tombstone holds.
-#[derive(Clone, Copy)]
+/// The kinds of identifier an erasure looks people up by, and a tombstone holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     VisitorId,
     ContactId,
     Email,
     Phone,
+}
+
+impl Kind {
+    fn of(identifier: &Identifier) -> Kind {
+        match identifier {
+            Identifier::Email(_) => Kind::Email,
+            Identifier::Phone { .. } => Kind::Phone,
+            Identifier::ContactId(_) => Kind::ContactId,
+            Identifier::VisitorId(_) => Kind::VisitorId,
+        }
+    }
+
+    /// As the `erasures` table and an erasure's record name it.
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Email => "email",
+            Kind::Phone => "phone",
+            Kind::ContactId => "contact_id",
+            Kind::VisitorId => "visitor_id",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Kind> {
+        [Kind::Email, Kind::Phone, Kind::ContactId, Kind::VisitorId].into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The statement that finds the conversions carrying the identifier.
+    fn lookup(self) -> &'static str {
+        match self {
+            Kind::Email => lookups::PERSON_BY_EMAIL,
+            Kind::Phone => lookups::PERSON_BY_PHONE,
+            Kind::ContactId => lookups::PERSON_BY_CONTACT,
+            Kind::VisitorId => lookups::PERSON_BY_VISITOR,
+        }
+    }
 }
 
 /// SHA-256 of `kind:value`, hex: what a tombstone keeps instead of the identifier.
@@ -140,13 +169,42 @@ fn digest(kind: Kind, value: &str) -> String {
     hash.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// Erases the person in one transaction under the workspace's write lock. Every lookup is
+/// Erases the person (see [`erase_as`]) and returns the counts, with the erasure as it is to be
+/// recorded in the requests topic (`record`).
+pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) -> anyhow::Result<(Value, ErasureV1)> {
+    let value = identifier.lookup_value()?;
+    let kind = Kind::of(&identifier);
+    let Some((counts, erased_at)) = erase_as(db, workspace_id, kind, &value, None).await? else {
+        bail!("the erasure was found applied already")
+    };
+    let erased_at_us = i64::try_from(erased_at.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX);
+    let record = ErasureV1 { workspace_id: workspace_id.to_owned(), kind: kind.name().to_owned(), value, erased_at_us };
+    Ok((counts, record))
+}
+
+/// Applies an erasure read from the requests topic (a rewind, a replay): a no-op when the
+/// database has it (its tombstone, at its instant), else the erasure again at its instant, so
+/// that the person's data applied again before it is erased again and what comes after it is
+/// covered by its tombstone as before. True when it was applied now.
+pub async fn apply_record(db: &Database, record: &ErasureV1) -> anyhow::Result<bool> {
+    let Some(kind) = Kind::parse(&record.kind) else { bail!("an erasure of an unknown kind: {}", record.kind) };
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(record.erased_at_us) * 1_000)?;
+    Ok(erase_as(db, &record.workspace_id, kind, &record.value, Some(at)).await?.is_some())
+}
+
+/// Erases the person in one transaction under the workspace's write lock, at `at` (a recorded
+/// erasure applied again; `None` when the database already has it) or now. Every lookup is
 /// answered by an index (crate::lookups), so the lock is held for milliseconds whatever the
 /// workspace's size. What was sent before the erasure but is applied after it (in Kafka still,
 /// or replayed, or redriven from the dead letters) is covered by the tombstone written here:
 /// see [`Tombstones`].
-pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) -> anyhow::Result<Value> {
-    let (lookup, value) = identifier.lookup()?;
+async fn erase_as(
+    db: &Database,
+    workspace_id: &str,
+    kind: Kind,
+    value: &str,
+    at: Option<time::OffsetDateTime>,
+) -> anyhow::Result<Option<(Value, time::OffsetDateTime)>> {
     let started = std::time::Instant::now();
     let mut connection = db.pool.acquire().await?;
     let mut tx = connection.begin().await?;
@@ -164,14 +222,21 @@ pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) ->
     // The erasure's instant: items received before it are the person's data, erased here if
     // applied already, by the tombstone if applied later; items received after it are a later
     // send (docs/api.md, "Erasure"), and cannot have been applied yet, since applying takes the lock held here.
-    let erased_at: Option<(String, time::OffsetDateTime)> =
-        sqlx::query_as("SELECT id, clock_timestamp() FROM workspaces WHERE id = $1")
-            .bind(workspace_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some((_, erased_at)) = erased_at else { bail!("no workspace {workspace_id}") };
+    let erased_at: Option<(String, time::OffsetDateTime, bool)> = sqlx::query_as(
+        "SELECT id, coalesce($2, clock_timestamp()),
+                EXISTS (SELECT FROM erasure_tombstones WHERE workspace_id = $1 AND erased_at = $2)
+           FROM workspaces WHERE id = $1",
+    )
+    .bind(workspace_id)
+    .bind(at)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((_, erased_at, applied)) = erased_at else { bail!("no workspace {workspace_id}") };
+    if applied {
+        return Ok(None);
+    }
     // The conversions that carry the identifier...
-    let direct: Vec<Person> = sqlx::query_as(lookup).bind(workspace_id).bind(&value).fetch_all(&mut *tx).await?;
+    let direct: Vec<Person> = sqlx::query_as(kind.lookup()).bind(workspace_id).bind(value).fetch_all(&mut *tx).await?;
     // ...and, one step out, those that carry any identifier found on them (docs/architecture.md, "Privacy").
     let found = Identifiers::of(&direct);
     let people: Vec<Person> = sqlx::query_as(lookups::PERSON_ONE_STEP)
@@ -185,11 +250,11 @@ pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) ->
         .await?;
     let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
     let mut all = Identifiers::of(&people);
-    match &identifier {
-        Identifier::VisitorId(id) => all.visitor_ids.push(id.chars().take(16).collect()),
-        Identifier::ContactId(id) => all.contact_ids.push(id.clone()),
-        Identifier::Email(_) => all.email_hashes.push(value.clone()),
-        Identifier::Phone { .. } => all.phone_hashes.push(value.clone()),
+    match kind {
+        Kind::VisitorId => all.visitor_ids.push(value.chars().take(16).collect()),
+        Kind::ContactId => all.contact_ids.push(value.to_owned()),
+        Kind::Email => all.email_hashes.push(value.to_owned()),
+        Kind::Phone => all.phone_hashes.push(value.to_owned()),
     }
 
     let visits = sqlx::query(lookups::DELETE_PERSON_VISITS)
@@ -209,7 +274,7 @@ pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) ->
          RETURNING id",
     )
     .bind(workspace_id)
-    .bind(identifier.kind())
+    .bind(kind.name())
     .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
     .bind(i32::try_from(visits).unwrap_or(i32::MAX))
     .fetch_one(&mut *tx)
@@ -229,14 +294,29 @@ pub async fn erase(db: &Database, workspace_id: &str, identifier: Identifier) ->
     db.durability.confirm(&mut connection).await?;
     // Read by deploy/bench.sh (erase_10m); the identifier's kind only, never its value.
     tracing::info!(
-        kind = identifier.kind(),
+        kind = kind.name(),
         conversions,
         visits,
+        again = at.is_some(),
         lock_wait_ms = millis(locked - started),
         lock_held_ms = millis(done - locked),
         "erased"
     );
-    Ok(json!({ "conversions": conversions, "visits": visits }))
+    Ok(Some((json!({ "conversions": conversions, "visits": visits }), erased_at)))
+}
+
+/// Records the erasure in the requests topic, in its workspace's partition (keyed as the
+/// gateways key its writes), once the database has it: a standby promoted without it, or a
+/// restore from before it, gets it again from there (`apply_record`).
+pub async fn record(kafka_args: &KafkaArgs, record: &ErasureV1) -> anyhow::Result<()> {
+    let producer: FutureProducer = kafka::request_producer(kafka_args, std::time::Duration::from_secs(30)).create()?;
+    let payload = serde_json::to_vec(&WriteRequest::Erasure(record.clone()))?;
+    let message = FutureRecord::to(&kafka_args.requests_topic).key(&record.workspace_id).payload(&payload);
+    producer
+        .send(message, std::time::Duration::from_secs(30))
+        .await
+        .map_err(|(error, _)| anyhow::anyhow!("recording the erasure in {}: {error}", kafka_args.requests_topic))?;
+    Ok(())
 }
 
 fn millis(duration: std::time::Duration) -> f64 {

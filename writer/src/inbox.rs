@@ -7,7 +7,7 @@
 use crate::expiry;
 use crate::metrics::{self, Metrics};
 use intake_common::conversion::Conversion;
-use intake_common::message::{ChunkOutcome, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
+use intake_common::message::{ChunkOutcome, ErasureV1, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 use std::future::Future;
@@ -38,6 +38,8 @@ pub enum Body {
     Expired(WriteRequestV1),
     /// It could not be read.
     Unreadable(Unreadable),
+    /// An erasure recorded by `intake-writer erase`: applied again unless the database has it.
+    Erasure(ErasureV1),
 }
 
 #[derive(Debug)]
@@ -94,6 +96,7 @@ impl Inbound {
                     (Body::Request(request), bytes)
                 }
             }
+            Ok(WriteRequest::Erasure(erasure)) => (Body::Erasure(erasure), payload.len() + MESSAGE_BYTES),
             Err(error) => {
                 let key = message.key().map(<[u8]>::to_vec);
                 let bytes = payload.len() + key.as_ref().map_or(0, Vec::len) + MESSAGE_BYTES;
@@ -113,6 +116,7 @@ impl Inbound {
     pub fn workspace_id(&self) -> &str {
         match &self.body {
             Body::Request(request) | Body::Expired(request) => &request.workspace_id,
+            Body::Erasure(erasure) => &erasure.workspace_id,
             Body::Unreadable(unreadable) => match &unreadable.envelope {
                 Some(envelope) if !envelope.workspace_id.is_empty() => &envelope.workspace_id,
                 _ => unreadable.key.as_deref().and_then(|key| std::str::from_utf8(key).ok()).unwrap_or_default(),
@@ -130,6 +134,7 @@ impl Inbound {
             Body::Unreadable(unreadable) => {
                 unreadable.envelope.as_ref().map(|e| (e.correlation_id.as_str(), e.reply_partition, None))
             }
+            Body::Erasure(_) => None,
         }
     }
 
@@ -138,6 +143,7 @@ impl Inbound {
         match &self.body {
             Body::Request(request) | Body::Expired(request) => request.request.as_ref(),
             Body::Unreadable(unreadable) => unreadable.envelope.as_ref().and_then(|e| e.request.as_ref()),
+            Body::Erasure(_) => None,
         }
     }
 }
@@ -191,6 +197,7 @@ pub fn record(metrics: &Metrics, message: &Inbound, label: &'static str, outcome
     let (correlation_id, items) = match &message.body {
         Body::Request(request) | Body::Expired(request) => (request.correlation_id.as_str(), request.items.len()),
         Body::Unreadable(unreadable) => (unreadable.envelope.as_ref().map_or("-", |e| e.correlation_id.as_str()), 0),
+        Body::Erasure(_) => ("-", 0),
     };
     tracing::info!(
         request_id = message.request_id.as_deref().unwrap_or("-"),

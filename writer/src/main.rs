@@ -249,6 +249,10 @@ enum Command {
         /// A file whose first line is the identifier's value (default: standard input).
         #[arg(long)]
         from: Option<std::path::PathBuf>,
+        /// The erasure is recorded in the requests topic once applied, so that a rewind or a
+        /// replay that applies the person's data again erases it again.
+        #[command(flatten)]
+        kafka: KafkaArgs,
         #[command(flatten)]
         database: DatabaseArgs,
         #[command(flatten)]
@@ -563,7 +567,7 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             bench::apply_batches(&db, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency })
                 .await
         }
-        Command::Erase { workspace, kind, country, from, database, durability } => {
+        Command::Erase { workspace, kind, country, from, kafka, database, durability } => {
             let value = erase::read_value(from.as_deref())?;
             let identifier = match kind {
                 EraseKind { email: true, .. } => erase::Identifier::Email(value),
@@ -578,7 +582,14 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
                 durability: Durability::new(&database.url, &durability, Counter::default())?,
                 schema_behind: Default::default(),
             };
-            erase::erase(&db, &workspace, identifier).await
+            let (erased, record) = erase::erase(&db, &workspace, identifier).await?;
+            erase::record(&kafka, &record).await.map_err(|error| {
+                error.context(
+                    "the erasure is applied, but not recorded in the requests topic, so a promotion or a restore could \
+                     undo it: run the command again (erasing again is harmless)",
+                )
+            })?;
+            Ok(erased)
         }
         Command::Key { command, database, durability } => {
             let pool = store::connect(&database.url, 1).await?;

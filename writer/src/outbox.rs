@@ -7,7 +7,7 @@ use crate::inbox::{Body, BoxFuture, Inbound};
 use crate::metrics::{self, Metrics};
 use crate::retry::{shutdown_asked, Classify, Failure, Interrupted, Policy, Stop};
 use intake_common::kafka_errors::QuietContext;
-use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequestV1};
+use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -305,6 +305,10 @@ impl Outbox {
                 (request.workspace_id.as_bytes(), serde_json::to_vec(&RequestRef::V1(request)).unwrap_or_default())
             }
             Body::Unreadable(unreadable) => (unreadable.key.as_deref().unwrap_or_default(), unreadable.payload.clone()),
+            Body::Erasure(erasure) => (
+                erasure.workspace_id.as_bytes(),
+                serde_json::to_vec(&WriteRequest::Erasure(erasure.clone())).unwrap_or_default(),
+            ),
         };
         let mut headers = vec![
             ("reason", letter.reason.to_owned()),

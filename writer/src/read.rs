@@ -121,6 +121,7 @@ mod tests {
                 Body::Request(_) => ("request", q.offset),
                 Body::Expired(_) => ("expired", q.offset),
                 Body::Unreadable(_) => ("unreadable", q.offset),
+                Body::Erasure(_) => ("erasure", q.offset),
             })
             .collect();
         assert_eq!(first.group().workspace_id, "ws_a");

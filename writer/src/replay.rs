@@ -67,7 +67,7 @@ pub async fn replay(
         tracing::warn!(topic, gaps = ?said, "replaying with a gap the topic no longer holds (--accept-loss)");
     }
     let (mut applied, mut already, mut failed, mut messages, mut kept_newer) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut expired, mut request_failed) = (0u64, 0u64);
+    let (mut expired, mut request_failed, mut erasures) = (0u64, 0u64, 0u64);
     for Range { partition, from, to, .. } in ranges {
         if from > to {
             continue;
@@ -115,6 +115,16 @@ pub async fn replay(
                         }
                     }
                 }
+                // An erasure recorded here is applied again where it stands, so that the person's
+                // data replayed before it is erased again.
+                Ok(WriteRequest::Erasure(_)) if dry_run => erasures += 1,
+                Ok(WriteRequest::Erasure(erasure)) => match crate::erase::apply_record(db, &erasure).await {
+                    Ok(_) => erasures += 1,
+                    Err(error) => {
+                        failed += 1;
+                        tracing::error!(%error, partition, offset = message.offset(), "replayed erasure failed");
+                    }
+                },
                 Err(error) => {
                     failed += 1;
                     tracing::error!(%error, partition, offset = message.offset(), "unreadable message");
@@ -123,7 +133,7 @@ pub async fn replay(
         }
     }
     let mut summary = json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed,
-        "expired": expired, "request_failed": request_failed });
+        "expired": expired, "request_failed": request_failed, "erasures": erasures });
     if newer == Newer::Keep {
         summary["kept_newer"] = json!(kept_newer);
     }
