@@ -133,7 +133,10 @@ pub async fn replay(
         }
     }
     let mut summary = json!({ "messages": messages, "applied": applied, "already_applied": already, "failed": failed,
-        "expired": expired, "request_failed": request_failed, "erasures": erasures });
+        "expired": expired, "request_failed": request_failed });
+    if erasures > 0 {
+        summary["erasures"] = json!(erasures);
+    }
     if newer == Newer::Keep {
         summary["kept_newer"] = json!(kept_newer);
     }
