@@ -1126,6 +1126,59 @@ impl Drop for KafkaCluster {
     }
 }
 
+/// What the writers told the gateways: each applied chunk's results by correlation id, as the
+/// replies topic holds them (within its retention).
+pub fn replies_told(topic: &str) -> std::collections::HashMap<String, Vec<intake_common::message::ItemResult>> {
+    use intake_common::message::{ChunkOutcome, WriteReply};
+    topic_contents(topic)
+        .lines()
+        .filter_map(|line| match WriteReply::from_slice(line.as_bytes()) {
+            Ok(WriteReply::V1(reply)) => match reply.outcome {
+                ChunkOutcome::Applied { results, .. } => Some((reply.correlation_id, results)),
+                _ => None,
+            },
+            Err(_) => None,
+        })
+        .collect()
+}
+
+/// Each chunk told against what the database recorded for its message (`applied_messages`):
+/// ids, chains and results item by item.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct ToldCheck {
+    pub compared: usize,
+    /// Told applied, and not in the database.
+    pub missing: Vec<String>,
+    /// Recorded with other results than told.
+    pub differing: Vec<String>,
+}
+
+pub async fn check_told(
+    db: &sqlx::PgPool,
+    told: &std::collections::HashMap<String, Vec<intake_common::message::ItemResult>>,
+) -> ToldCheck {
+    let ids: Vec<&str> = told.keys().map(String::as_str).collect();
+    let mut check = ToldCheck::default();
+    for page in ids.chunks(5_000) {
+        let rows: Vec<(String, sqlx::types::Json<Vec<intake_common::message::ItemResult>>)> =
+            sqlx::query_as("SELECT correlation_id, results FROM applied_messages WHERE correlation_id = ANY($1)")
+                .bind(page)
+                .fetch_all(db)
+                .await
+                .unwrap_or_else(|e| panic!("reading applied_messages: {e}"));
+        let recorded: std::collections::HashMap<String, Vec<intake_common::message::ItemResult>> =
+            rows.into_iter().map(|(id, results)| (id, results.0)).collect();
+        for id in page {
+            match recorded.get(*id) {
+                None => check.missing.push((*id).to_owned()),
+                Some(results) if Some(results) != told.get(*id) => check.differing.push((*id).to_owned()),
+                Some(_) => check.compared += 1,
+            }
+        }
+    }
+    check
+}
+
 /// Every message on a topic, from the beginning, as text.
 pub fn topic_contents(topic: &str) -> String {
     use rdkafka::consumer::{BaseConsumer, Consumer};

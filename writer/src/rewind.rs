@@ -29,34 +29,41 @@ const POLL: Duration = Duration::from_millis(100);
 /// A bound on each of Kafka's answers a rewind waits for.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The position a partition without one in the database was just given.
+fn unknown_start(unknown: &[(i32, i64)], partition: i32) -> Option<i64> {
+    unknown.iter().find(|(p, _)| *p == partition).map(|&(_, next)| next)
+}
+
 /// Per partition: the offset below which messages were answered before the last rewind.
 pub type AnsweredBelow = Arc<Mutex<HashMap<i32, i64>>>;
 
 /// Where one partition's reading starts again.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Start {
-    /// The offset to seek to; none when the committed offset is right.
-    pub seek: Option<i64>,
+    /// The offset to seek to. Always sought, even where Kafka's committed offset is right: what
+    /// was read while the partition waited for its rewind was dropped, and is read again.
+    pub seek: Offset,
     /// Messages below this were answered before.
     pub answered_below: Option<i64>,
     /// Messages the database lacks that the topic no longer holds.
     pub lost: i64,
+    /// Messages below what was answered that are read again.
+    pub again: i64,
 }
 
 /// Decides a partition's start from the database's position, Kafka's committed offset, how far
-/// this writer answered it, and the oldest offset the topic still holds.
+/// this writer answered it, and the oldest offset the topic still holds: the database's
+/// position when it has one (below it every message was answered from the database, and the
+/// messages from it on are applied again if the database lacks them), else Kafka's.
 pub fn start(database: Option<i64>, committed: Option<i64>, answered: Option<i64>, oldest: i64) -> Start {
     let answered_below = [database, committed, answered].into_iter().flatten().max();
-    let Some(position) = database else {
-        // A database that never recorded this partition: Kafka's offset is all there is.
-        return Start { seek: None, answered_below, lost: 0 };
+    let Some(position) = database.or(committed) else {
+        return Start { seek: Offset::Beginning, answered_below, lost: 0, again: 0 };
     };
-    let behind = committed.is_none_or(|committed| position < committed);
-    if !behind {
-        return Start { seek: None, answered_below, lost: 0 };
-    }
     let lost = (oldest - position).max(0);
-    Start { seek: Some(position.max(oldest)), answered_below, lost }
+    let from = position.max(oldest);
+    let again = answered_below.map_or(0, |below| (below - from).max(0));
+    Start { seek: Offset::Offset(from), answered_below, lost, again }
 }
 
 pub struct Rewinder<C: ConsumerContext + 'static> {
@@ -126,39 +133,34 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
         }
         for &partition in partitions {
             let position = database.get(&partition).copied();
-            let oldest = match position {
-                Some(_) => {
-                    let topic = self.topic.clone();
-                    self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0
-                }
-                None => 0,
-            };
+            let topic = self.topic.clone();
+            let oldest =
+                self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0;
             let answered = self.positions.furthest_answered(partition);
-            let start = start(position, committed.get(&partition).copied(), answered, oldest);
-            if let Some(offset) = start.seek {
-                let topic = self.topic.clone();
-                // Refused until the partition's fetch has started (just after its assignment):
-                // the next poll tries again.
-                self.blocking(move |consumer| consumer.seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT))
-                    .await?;
-                let again = start.answered_below.map_or(0, |below| (below - offset).max(0));
-                self.metrics.rewound_messages.inc_by(u64::try_from(again).unwrap_or(0));
-                if start.lost > 0 {
-                    self.metrics.rewind_lost_messages.inc_by(u64::try_from(start.lost).unwrap_or(0));
-                    tracing::error!(
-                        partition,
-                        database_position = position,
-                        oldest_in_topic = oldest,
-                        lost = start.lost,
-                        "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
-                    );
-                }
-                tracing::info!(
+            let start = start(
+                position.or(unknown_start(&unknown, partition)),
+                committed.get(&partition).copied(),
+                answered,
+                oldest,
+            );
+            let topic = self.topic.clone();
+            // Refused until the partition's fetch has started (just after its assignment): the
+            // next poll tries again.
+            let seek = start.seek;
+            self.blocking(move |consumer| consumer.seek(&topic, partition, seek, KAFKA_TIMEOUT)).await?;
+            self.metrics.rewound_messages.inc_by(u64::try_from(start.again).unwrap_or(0));
+            if start.lost > 0 {
+                self.metrics.rewind_lost_messages.inc_by(u64::try_from(start.lost).unwrap_or(0));
+                tracing::error!(
                     partition,
-                    from = offset,
-                    answered_below = start.answered_below,
-                    "partition rewound to the database's position"
+                    database_position = position,
+                    oldest_in_topic = oldest,
+                    lost = start.lost,
+                    "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
                 );
+            }
+            if start.again > 0 {
+                tracing::info!(partition, from = ?start.seek, answered_below = start.answered_below, again = start.again, "partition rewound to the database's position");
             }
             let mut below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match start.answered_below {
@@ -202,34 +204,46 @@ mod tests {
     fn a_database_behind_the_committed_offset_is_read_again_from_its_own_position() {
         assert_eq!(
             start(Some(40), Some(100), Some(90), 0),
-            Start { seek: Some(40), answered_below: Some(100), lost: 0 }
+            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60 }
         );
         assert_eq!(
             start(Some(40), Some(90), Some(100), 0),
-            Start { seek: Some(40), answered_below: Some(100), lost: 0 },
+            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60 },
             "what this writer answered past the commit is not answered twice"
         );
     }
 
     #[test]
-    fn a_database_at_or_past_the_committed_offset_starts_where_kafka_says() {
-        assert_eq!(start(Some(100), Some(100), None, 0), Start { seek: None, answered_below: Some(100), lost: 0 });
+    fn a_database_at_or_past_the_committed_offset_is_read_from_its_position_all_the_same() {
+        assert_eq!(
+            start(Some(100), Some(100), None, 0),
+            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0 },
+            "sought all the same: what was read while the rewind waited was dropped"
+        );
         assert_eq!(
             start(Some(120), Some(100), None, 0),
-            Start { seek: None, answered_below: Some(120), lost: 0 },
+            Start { seek: Offset::Offset(120), answered_below: Some(120), lost: 0, again: 0 },
             "below the database's position everything was answered"
         );
-        assert_eq!(start(None, Some(100), None, 0), Start { seek: None, answered_below: Some(100), lost: 0 });
-        assert_eq!(start(None, None, None, 0), Start { seek: None, answered_below: None, lost: 0 });
     }
 
     #[test]
-    fn a_group_without_a_committed_offset_starts_at_the_databases_position() {
-        assert_eq!(start(Some(70), None, None, 10), Start { seek: Some(70), answered_below: Some(70), lost: 0 });
+    fn without_a_position_in_the_database_reading_starts_at_kafkas_offset_or_the_beginning() {
+        assert_eq!(
+            start(None, Some(100), None, 0),
+            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0 }
+        );
+        assert_eq!(
+            start(None, None, None, 0),
+            Start { seek: Offset::Beginning, answered_below: None, lost: 0, again: 0 }
+        );
     }
 
     #[test]
     fn what_the_topic_no_longer_holds_is_counted_lost_and_reading_starts_at_its_oldest() {
-        assert_eq!(start(Some(40), Some(100), None, 55), Start { seek: Some(55), answered_below: Some(100), lost: 15 });
+        assert_eq!(
+            start(Some(40), Some(100), None, 55),
+            Start { seek: Offset::Offset(55), answered_below: Some(100), lost: 15, again: 45 }
+        );
     }
 }

@@ -657,6 +657,12 @@ impl Harness {
         if let Some((workspace, id)) = erased {
             check.erasures_undone = usize::from(!email_cleared(&workspace, &id).await);
         }
+        // After a restore and its replay: what the writers told, chunk by chunk, is what the
+        // database recorded (ids, chains and results from the message, wherever applied).
+        let told = match fault {
+            Fault::RestoreReplay => Some(told_check().await),
+            _ => None,
+        };
         let ledger = self.traffic.lock();
         let during: Vec<&Outcome> = ledger.requests.iter().filter(|r| r.started >= fault_started).collect();
         let acknowledged = ledger.pairs.values().filter(|(_, last)| last.is_some()).count();
@@ -671,6 +677,7 @@ impl Harness {
         json!({
             "scenario": fault.name(),
             "replay": replayed,
+            "told": told,
             "fault_at_s": fault_at.duration_since(fault_started).as_secs_f64(),
             "acknowledged": acknowledged,
             "missing": check.missing,
@@ -742,6 +749,18 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
 /// Every acknowledged pair is stored with the value last acknowledged or a later one sent; no
 /// pair is stored twice; every batch's chain is one chain. Waits up to 60 s for what is still in
 /// flight (writes answered 500 are applied later).
+/// Every applied chunk the replies topic holds against the database's record of it.
+async fn told_check() -> intake_tests::ToldCheck {
+    let topic = std::env::var("INTAKE_REPLIES_TOPIC").unwrap_or_else(|_| "intake.replies".to_owned());
+    let told = tokio::task::spawn_blocking(move || intake_tests::replies_told(&topic)).await.unwrap_or_default();
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env("DATABASE_URL"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    intake_tests::check_told(&db, &told).await
+}
+
 async fn check_database(traffic: &Traffic) -> Check {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -931,6 +950,9 @@ async fn main() {
             && line["duplicated"] == json!(0)
             && line["split_chains"] == json!(0)
             && line["erasures_undone"] == json!(0)
+            && (line["told"].is_null()
+                || (line["told"]["missing"].as_array().is_some_and(Vec::is_empty)
+                    && line["told"]["differing"].as_array().is_some_and(Vec::is_empty)))
             && line["all_ready"] == json!(true)
             && line["writes_back_after_s"].as_f64().is_some_and(|s| s <= RECOVERY_LIMIT.as_secs_f64())
             && line["other_statuses"].as_array().is_some_and(Vec::is_empty)
