@@ -18,6 +18,9 @@
 #                                          ha_standby_kill, ha_etcd_kill, ha_etcd_quorum_loss,
 #                                          ha_patroni_freeze (tests/src/bin/faults/ha.rs), and
 #                                          restore_replay from pgBackRest's backups
+#   deploy/faults.sh --ha --async [...]    the same with asynchronous replication (deploy/up.sh
+#                                          --ha --async): a standby promoted behind the lost
+#                                          primary gets what it lacks back from the requests topic
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SCRATCH="$(mktemp -d /tmp/intake-faults.XXXXXX)"
@@ -36,6 +39,12 @@ ha=""
 if [ "${1:-}" = --ha ]; then
     ha=1
     args=("${@:2}")
+    if [ "${args[0]:-}" = --async ]; then
+        args=("${args[@]:1}")
+        HA_REPLICATION=async
+        # For the harness's own calls of deploy/ha.sh, and its rules (tests/src/bin/faults/ha.rs).
+        export INTAKE_HA_REPLICATION=async
+    fi
     # The layout's own ports from here (deploy/ha.sh ha_port: base+0..55), the primary on
     # PG_PORT; small nodes, with pgBackRest's archive and backups as the stack's (the
     # restore_replay scenario restores the cluster from them).

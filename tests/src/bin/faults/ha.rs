@@ -104,6 +104,11 @@ pub struct Layout {
     http: reqwest::Client,
 }
 
+/// Whether faults.sh --ha --async started the layout with asynchronous replication.
+fn asynchronous() -> bool {
+    std::env::var("INTAKE_HA_REPLICATION").is_ok_and(|r| r == "async")
+}
+
 impl Layout {
     /// The layout faults.sh --ha started, if it did.
     pub fn from_env() -> Option<Layout> {
@@ -188,9 +193,10 @@ impl Layout {
         self.with_role("sync_standby").await
     }
 
-    /// A leader, a synchronous standby, and all three members running or streaming on the
-    /// leader's timeline, each standby's lag known and small. A member that came back is listed
-    /// as running while it still rewinds; the next fault must not start before it has rejoined.
+    /// A leader, a synchronous standby (any standby with asynchronous replication), and all
+    /// three members running or streaming on the leader's timeline, each standby's lag known and
+    /// small. A member that came back is listed as running while it still rewinds; the next
+    /// fault must not start before it has rejoined.
     async fn whole(&self) -> bool {
         const CAUGHT_UP: u64 = 16 << 20;
         let members = self.members().await;
@@ -198,7 +204,8 @@ impl Layout {
         let live = |m: &&Member| m.state == "running" || m.state == "streaming";
         let rejoined =
             |m: &&Member| m.role == "leader" || (m.timeline == leader.timeline && m.lag.is_some_and(|l| l < CAUGHT_UP));
-        members.iter().filter(live).filter(rejoined).count() == 3 && members.iter().any(|m| m.role == "sync_standby")
+        let standby = |m: &Member| m.role == "sync_standby" || (asynchronous() && m.role == "replica");
+        members.iter().filter(live).filter(rejoined).count() == 3 && members.iter().any(standby)
     }
 
     /// Polls `condition` every 100 ms for up to `patience`; how long it took, if it held.
@@ -361,6 +368,7 @@ impl Layout {
             _ => json!(format!("node-{node}")),
         };
         details["leader_before"] = json!(injected.leader_before);
+        details["replication"] = json!(if asynchronous() { "async" } else { "sync" });
         let old_leader = injected.leader_before.clone();
         let new_leader = || {
             let old = old_leader.clone();
@@ -394,7 +402,10 @@ impl Layout {
                 let old_took = self.commits_directly(node).await;
                 details["old_primary_took_a_write"] = json!(old_took);
                 details["new_primary_took_a_write"] = json!(new_took);
-                ok &= moved.is_some() && !old_took && new_took;
+                // With asynchronous replication nothing holds the old primary's commits: it takes
+                // writes until its Patroni demotes it, and HAProxy (which no longer sends it any)
+                // is what keeps two primaries from taking the service's writes.
+                ok &= moved.is_some() && (asynchronous() || !old_took) && new_took;
                 let frozen_for = TTL + Duration::from_secs(5);
                 tokio::time::sleep(frozen_for.saturating_sub(at.elapsed())).await;
                 details["frozen_s"] = json!(at.elapsed().as_secs_f64());
@@ -411,7 +422,9 @@ impl Layout {
                 let again = self.within(Duration::from_secs(20), other_sync).await;
                 details["synchronous_standby_again_after_s"] = json!(again.map(|_| at.elapsed().as_secs_f64()));
                 details["leader_after"] = json!(self.leader().await);
-                ok &= again.is_some() && self.leader().await.as_deref() == Some(injected.leader_before.as_str());
+                // With asynchronous replication no standby is synchronous.
+                ok &= (asynchronous() || again.is_some())
+                    && self.leader().await.as_deref() == Some(injected.leader_before.as_str());
             }
             Fault::EtcdKill => {
                 // Nothing changes: the same leader, no failover.

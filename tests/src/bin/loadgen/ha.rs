@@ -29,6 +29,15 @@ use std::time::{Duration, Instant};
 pub const SCENARIOS: [&str; 3] = ["batch_ingest", "single_32", "single_200rps"];
 
 /// A scenario's name on the HA layout.
+/// The same scenario on the layout with asynchronous replication (`deploy/up.sh --ha --async`).
+pub fn ha_async_name(scenario: &str) -> &'static str {
+    match scenario {
+        "batch_ingest" => "batch_ingest_ha_async",
+        "single_32" => "single_32_ha_async",
+        _ => "single_200rps_ha_async",
+    }
+}
+
 pub fn ha_name(scenario: &str) -> &'static str {
     match scenario {
         "batch_ingest" => "batch_ingest_ha",
@@ -50,13 +59,21 @@ struct Layout {
     dir: PathBuf,
     primary: u16,
     shared_buffers: String,
+    /// deploy/ha.sh's INTAKE_HA_REPLICATION: sync or async.
+    replication: &'static str,
 }
 
 impl Layout {
     /// A new layout in `dir` (what an interrupted run left there is stopped and removed first),
     /// returned once its primary takes writes with a synchronous standby.
-    fn start(dir: &Path, base: u16, primary: u16, shared_buffers: &str) -> anyhow::Result<Layout> {
-        let layout = Layout { dir: dir.to_path_buf(), primary, shared_buffers: shared_buffers.to_owned() };
+    fn start(
+        dir: &Path,
+        base: u16,
+        primary: u16,
+        shared_buffers: &str,
+        replication: &'static str,
+    ) -> anyhow::Result<Layout> {
+        let layout = Layout { dir: dir.to_path_buf(), primary, shared_buffers: shared_buffers.to_owned(), replication };
         if dir.join("run").exists() {
             layout.lib(STOP)?;
         }
@@ -80,6 +97,7 @@ impl Layout {
             .env("INTAKE_HOME", &self.dir)
             .env("INTAKE_HA_BACKUPS", "0")
             .env("INTAKE_HA_SHARED_BUFFERS", &self.shared_buffers)
+            .env("INTAKE_HA_REPLICATION", self.replication)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .status()?;
@@ -165,13 +183,23 @@ pub async fn scenarios(
     let started = Instant::now();
     let layout = {
         let (dir, shared_buffers) = (dir.to_path_buf(), shared_buffers.clone());
-        tokio::task::spawn_blocking(move || Layout::start(&dir, base, primary, &shared_buffers)).await??
+        tokio::task::spawn_blocking(move || Layout::start(&dir, base, primary, &shared_buffers, "sync")).await??
     };
     let start_seconds = started.elapsed().as_secs();
     let outcome = on_layout(config, &layout, single_db, single_url, infrastructure, &which).await;
     // Stopped before anything else runs (and on failure too).
     tokio::task::spawn_blocking(move || drop(layout)).await?;
-    let (scenarios, mut described) = outcome?;
+    let (mut scenarios, mut described) = outcome?;
+    // The same scenarios on the layout with asynchronous replication, on empty tables: what a
+    // commit that waits for no standby saves (docs/architecture.md, "The log is the record").
+    say("starting the HA layout again, with asynchronous replication");
+    let layout = {
+        let (dir, shared_buffers) = (dir.to_path_buf(), shared_buffers.clone());
+        tokio::task::spawn_blocking(move || Layout::start(&dir, base, primary, &shared_buffers, "async")).await??
+    };
+    let outcome = on_async_layout(config, &layout, single_url, infrastructure, &which).await;
+    tokio::task::spawn_blocking(move || drop(layout)).await?;
+    scenarios.extend(outcome?);
     described["shared_buffers_per_node"] = json!(shared_buffers);
     described["base_port"] = json!(base);
     described["primary_port"] = json!(primary);
@@ -252,6 +280,55 @@ async fn on_layout(
             "sized": sized,
         }),
     ))
+}
+
+/// The scenarios on a layout with asynchronous replication: commits wait for the primary's disk
+/// alone (the writers' `flushed`).
+async fn on_async_layout(
+    config: &Config,
+    layout: &Layout,
+    single_url: &str,
+    infrastructure: &Roles,
+    which: &[&str],
+) -> anyhow::Result<Vec<(&'static str, Scenario)>> {
+    let (_, database) = single_url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
+    let admin = format!("{}/postgres", layout.server_url());
+    let mut conn = sqlx::PgConnection::connect(&admin).await?;
+    sqlx::raw_sql(&format!("CREATE DATABASE \"{database}\"")).execute(&mut conn).await?;
+    conn.close().await?;
+    let url = format!("{}/{database}", layout.server_url());
+    let writer = PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer");
+    let migrated = Command::new(writer)
+        .args(["migrate", "--contract"])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .output()?;
+    anyhow::ensure!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
+    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await?;
+    let primary_port: i32 = sqlx::query_scalar("SELECT inet_server_port()").fetch_one(&db).await?;
+    db.close().await;
+    let (layout_roles, standby_ports) = layout.roles(infrastructure, u16::try_from(primary_port)?);
+    let standbys: Vec<String> =
+        standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
+    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), "flushed").await;
+    let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
+    let plans = Plans { keys: Arc::new(keys) };
+    let roles = crate::roles_of(&stack, &layout_roles);
+    crate::warm_up(&stack, &plans, config.warmup_seconds).await;
+    let mut scenarios = Vec::new();
+    for &scenario in which {
+        let name = ha_async_name(scenario);
+        let measured = match scenario {
+            "batch_ingest" => {
+                let generator = Arc::new(crate::bodies::Generator::new("ingest"));
+                crate::batch_ingest(&stack, &roles, &plans, config, name, generator).await.0
+            }
+            "single_32" => crate::single_32(&stack, &roles, &plans, config, name).await,
+            _ => crate::single_200rps(&stack, &roles, &plans, config, name, &url, &standbys).await?,
+        };
+        scenarios.push((name, measured));
+    }
+    Ok(scenarios)
 }
 
 /// The runs at size of the single node (sized.rs) again on the layout, at each of its sizes:

@@ -46,6 +46,10 @@ fn describe(name: &str, config: &Config) -> String {
         "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
         "pg_upsert_v1" => "fixed yardstick: pg_upsert into a table of the shape `conversions` had before its indexes were made lean (nine indexes, identifiers and digests as text after the workspace id)".into(),
+        on_async if on_async.ends_with("_ha_async") => format!(
+            "{}; on the HA layout with asynchronous replication: through HAProxy to the primary, each commit waiting for its disk alone",
+            describe(on_async.strip_suffix("_ha_async").unwrap_or(on_async), config)
+        ),
         on_ha if on_ha.ends_with("_ha") => format!(
             "{}; on the HA layout: through HAProxy to the primary, each commit waiting for the synchronous standby",
             describe(on_ha.strip_suffix("_ha").unwrap_or(on_ha), config)
@@ -702,17 +706,30 @@ struct HaRow {
     label: &'static str,
     single: f64,
     ha: f64,
+    /// On the layout with asynchronous replication; none when it did not run.
+    ha_async: Option<f64>,
 }
 
 impl HaRow {
     fn ha_over_single(&self) -> Value {
+        self.over_single(self.ha)
+    }
+
+    fn ha_async_over_single(&self) -> Value {
+        self.ha_async.map_or(Value::Null, |ha_async| self.over_single(ha_async))
+    }
+
+    fn over_single(&self, value: f64) -> Value {
         if self.single > 0.0 {
-            json!(round2(self.ha / self.single))
+            json!(round2(value / self.single))
         } else {
             Value::Null
         }
     }
 }
+
+/// A metric of [`ha_rows`]: its key in report.json, its label, and how it is read.
+type Metric<'a> = (&'static str, &'static str, &'a dyn Fn(&Scenario) -> f64);
 
 /// Per scenario run on both (on empty tables, then at each size): throughput, p50, p99, the writer's time per group (one
 /// transaction, its commit included) and PostgreSQL's cores (on the layout, its three nodes').
@@ -724,22 +741,25 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
     let mut rows = Vec::new();
     for (scenario, single) in &run.scenarios {
         let Some(ha) = find(&format!("{scenario}_ha")) else { continue };
+        let ha_async = find(&format!("{scenario}_ha_async"));
         let scenario: &'static str = scenario;
         let (key, label) = match single.counted {
             Counted::Items => ("items_per_s", "items/s"),
             Counted::Requests => ("requests_per_s", "requests/s"),
         };
         let rate = |s: &Scenario| round1(s.measured.rate(s.counted));
-        for (key, label, single, ha) in [
-            (key, label, rate(single), rate(ha)),
-            ("p50_ms", "p50 ms", quantile(single, 0.5), quantile(ha, 0.5)),
-            ("p99_ms", "p99 ms", quantile(single, 0.99), quantile(ha, 0.99)),
-            ("apply_ms_per_group", "writer ms a group (one transaction)", per_group(single), per_group(ha)),
-            ("postgresql_cores", "PostgreSQL cores", postgresql(single), postgresql(ha)),
-        ] {
+        let metrics: [Metric<'_>; 5] = [
+            (key, label, &rate),
+            ("p50_ms", "p50 ms", &|s| quantile(s, 0.5)),
+            ("p99_ms", "p99 ms", &|s| quantile(s, 0.99)),
+            ("apply_ms_per_group", "writer ms a group (one transaction)", &per_group),
+            ("postgresql_cores", "PostgreSQL cores", &postgresql),
+        ];
+        for (key, label, metric) in metrics {
+            let (single, ha, ha_async) = (metric(single), metric(ha), ha_async.map(metric));
             // The baselines have no writer, and so no time a group.
             if single > 0.0 || ha > 0.0 {
-                rows.push(HaRow { scenario, key, label, single, ha });
+                rows.push(HaRow { scenario, key, label, single, ha, ha_async });
             }
         }
     }
@@ -751,7 +771,8 @@ fn ha_comparison(run: &Run) -> Value {
     let mut comparison = serde_json::Map::new();
     for row in ha_rows(run) {
         let entry = comparison.entry(row.scenario.to_owned()).or_insert_with(|| json!({}));
-        entry[row.key] = json!({ "single": row.single, "ha": row.ha, "ha_over_single": row.ha_over_single() });
+        entry[row.key] = json!({ "single": row.single, "ha": row.ha, "ha_over_single": row.ha_over_single(),
+            "ha_async": row.ha_async, "ha_async_over_single": row.ha_async_over_single() });
     }
     Value::Object(comparison)
 }
@@ -810,18 +831,27 @@ fn ha_section(md: &mut String, run: &Run) {
             size["bytes_per_conversion"]["index_bytes"],
         );
     }
-    let _ = writeln!(md, "| scenario | metric | single node | HA | HA / single |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| scenario | metric | single node | HA | HA / single | HA, asynchronous | asynchronous / single |\n|---|---|---|---|---|---|---|"
+    );
     for row in ha_rows(run) {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             row.scenario,
             row.label,
             row.single,
             row.ha,
-            row.ha_over_single()
+            row.ha_over_single(),
+            row.ha_async.map_or("-".to_owned(), |v| v.to_string()),
+            row.ha_async_over_single()
         );
     }
+    let _ = writeln!(
+        md,
+        "\n\"HA, asynchronous\" is the same layout started again with asynchronous replication (`deploy/up.sh --ha --async`), on empty tables: a commit waits for the primary's disk alone, and what a promoted standby lacks is put back from the requests topic (docs/architecture.md, \"The log is the record\")."
+    );
     let _ = writeln!(
         md,
         "\n\"writer ms a group\" is the writer's mean time to apply one group of messages, one transaction and its commit: where a commit's wait for the standby lands; with the writer's apply lanes all busy, throughput is lanes over that time. PostgreSQL cores on the layout are its three nodes' (the sections of the `_ha` scenarios below have the primary's and the standbys' apart, and HAProxy's, Patroni's and etcd's).\n"
