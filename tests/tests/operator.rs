@@ -1,7 +1,10 @@
 //! The operator commands of docs/operations.md, "Operator commands" that the other tests do not already cover.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, now_ms, produce_payload, stored_count, stored_fields, Stack, StackOptions};
+use intake_tests::{
+    conversion, database, now_ms, produce_payload, stored_count, stored_fields, wait_until, Stack, StackOptions,
+};
+use std::time::Duration;
 
 /// A conversion and the record of its message gone, as after a restore from a backup that
 /// predates its write (its chain stays: a replay keeps a chain stored under its derived id).
@@ -128,6 +131,63 @@ async fn replay_changes_nothing_already_applied_and_restores_what_was_lost() {
         stack.run_writer_command(&["replay", "--partition", "0", "--from-offset", &partition_of_first.to_string()]);
     assert!(by_offset.is_ok(), "{by_offset:?}");
     assert!(stack.run_writer_command(&["replay"]).is_err(), "a start is required");
+}
+
+#[tokio::test]
+async fn a_database_restored_in_place_under_a_running_writer_gets_back_what_it_lost() {
+    let stack = Stack::start().await;
+    let key = stack.workspace();
+    let (first, lost, later) = (conversion("lead"), conversion("lead"), conversion("lead"));
+    assert_eq!(stack.post("/v1/conversions", &key, &first).await.status, 201);
+    let told = stack.post("/v1/conversions", &key, &lost).await;
+    assert_eq!(told.status, 201);
+    // The writer records where the database stands in the topic: past both messages.
+    let db = database().await;
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let recorded = || async {
+        sqlx::query_scalar::<_, i64>("SELECT next_offset FROM log_positions WHERE topic = $1 AND next_offset = 2")
+            .bind(&topic)
+            .fetch_optional(&db)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    wait_until("the writer's position recorded", Duration::from_secs(10), recorded).await;
+    // As after a restore in place from a backup taken between the two writes (the same server,
+    // so the same timeline): the second write, its record and the position past it are gone.
+    let lost_id = lost["external_id"].as_str().unwrap_or_default();
+    lose(&db, &key.workspace_id, lost_id).await;
+    sqlx::query("UPDATE log_positions SET next_offset = 1 WHERE topic = $1 AND next_offset = 2")
+        .bind(&topic)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The next write's position finds the database behind what the writer recorded: it reads
+    // the partition again from the database's position, and the lost write is back, under the
+    // id its client was told, without a second answer to anyone.
+    assert_eq!(stack.post("/v1/conversions", &key, &later).await.status, 201);
+    let back = || async {
+        sqlx::query_scalar::<_, String>("SELECT id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+            .bind(&key.workspace_id)
+            .bind(lost_id)
+            .fetch_optional(&db)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    wait_until("the lost write applied again", Duration::from_secs(15), back).await;
+    let id: String = sqlx::query_scalar("SELECT id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+        .bind(&key.workspace_id)
+        .bind(lost_id)
+        .fetch_one(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(json!(id), told.body["conversion"]["id"], "the id told");
+    let metrics = stack.writer_metrics(0).await;
+    assert_eq!(metrics.value("intake_writer_reapplied_messages_total"), 1.0);
+    assert_eq!(stored_count(&db, &key.workspace_id).await, 3);
 }
 
 /// A request message as the gateways wrote it before the storage migrations, frozen here as

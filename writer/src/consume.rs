@@ -206,8 +206,12 @@ pub async fn run(
     let observer =
         tokio::spawn(observe(pool.clone(), kafka_consumer.clone(), settings.group_id.clone(), metrics.clone()));
     let watcher = tokio::spawn(watch_scheduler(scheduler.clone(), metrics.clone()));
-    let generation = health.clone();
-    let recorder = tokio::spawn(positions.clone().run(pool.clone(), move || generation.assignment_generation()));
+    let (generation, behind) = (health.clone(), health.clone());
+    let recorder = tokio::spawn(positions.clone().run(
+        pool.clone(),
+        move || generation.assignment_generation(),
+        move |partitions| behind.database_behind(partitions),
+    ));
     let rewinder = tokio::spawn(
         Rewinder {
             consumer: kafka_consumer.clone(),

@@ -149,15 +149,28 @@ impl Health {
             Some(previous) if previous != lineage => {
                 tracing::warn!(previous, lineage, "the database is on another timeline: rewinding every partition");
                 self.metrics.lineage_changes.inc();
-                let mut held = self.lock();
-                for state in held.values_mut() {
-                    state.rewind = true;
-                }
-                self.assignment_generation.fetch_add(1, Ordering::SeqCst);
+                self.rewind_all();
             }
             _ => {}
         }
         *known = Some(lineage.to_owned());
+    }
+
+    /// The database's positions of `partitions` went back since this writer recorded them (a
+    /// restore in place, on the same timeline): every partition is read again from the
+    /// database's positions, as after a change of lineage.
+    pub fn database_behind(&self, partitions: &[i32]) {
+        tracing::warn!(?partitions, "the database's positions went back: rewinding every partition");
+        self.metrics.lineage_changes.inc();
+        self.rewind_all();
+    }
+
+    fn rewind_all(&self) {
+        let mut held = self.lock();
+        for state in held.values_mut() {
+            state.rewind = true;
+        }
+        self.assignment_generation.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The partitions waiting for a rewind.

@@ -84,7 +84,8 @@ pub struct Metrics {
     /// found when a statement failed on a missing column or table): nothing is applied.
     pub schema_behind: Gauge,
     /// Connections that found the database on another lineage than the one before (a standby
-    /// promoted, a backup restored): each starts a rewind of every partition (`rewind.rs`).
+    /// promoted, a backup restored), or positions that went back (a restore in place): each
+    /// starts a rewind of every partition (`rewind.rs`).
     pub lineage_changes: Counter,
     /// Messages a rewind read again, below the offsets answered before it: those the database
     /// had are recognised, the others applied again.
@@ -217,7 +218,7 @@ impl Metrics {
         );
         registry.register(
             "lineage_changes",
-            "Connections that found the database on another timeline or system; each rewinds every partition",
+            "Connections that found the database on another timeline or system, or its positions gone back; each rewinds every partition",
             metrics.lineage_changes.clone(),
         );
         registry.register(

@@ -33,6 +33,8 @@ struct Answered {
     unrecorded: BTreeMap<i32, i64>,
     /// Next offset to read, per partition, as far as this writer answered it.
     furthest: HashMap<i32, i64>,
+    /// What this writer recorded last, per partition, in this generation.
+    recorded: HashMap<i32, i64>,
 }
 
 impl Positions {
@@ -52,6 +54,7 @@ impl Positions {
             // the writer now applies to.
             answered.generation = generation;
             answered.unrecorded.clear();
+            answered.recorded.clear();
         }
         for &(partition, next) in offsets {
             let furthest = answered.furthest.entry(partition).or_insert(next);
@@ -69,23 +72,52 @@ impl Positions {
 
     /// Records the offsets answered since the last time, unless the generation moved on
     /// meanwhile (`current` is read once the connection is at hand: a connection that found a
-    /// new primary has moved it on, and nothing answered before is its position).
-    pub async fn record(&self, pool: &PgPool, current: impl Fn() -> u64) -> Result<(), sqlx::Error> {
+    /// new primary has moved it on, and nothing answered before is its position). Returns the
+    /// partitions whose position the database had lost since this writer recorded it: a
+    /// database restored in place, which no change of lineage gives away.
+    pub async fn record(&self, pool: &PgPool, current: impl Fn() -> u64) -> Result<Vec<i32>, sqlx::Error> {
         let (generation, offsets) = {
             let mut answered = self.lock();
             (answered.generation, std::mem::take(&mut answered.unrecorded))
         };
         if offsets.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut connection = pool.acquire().await?;
         if current() != generation {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (partitions, next): (Vec<i32>, Vec<i64>) = offsets.into_iter().unzip();
         let mut tx = sqlx::Connection::begin(&mut *connection).await?;
         // Not waited for on a standby: a position lost with its commits is only read again.
         sqlx::query("SET LOCAL synchronous_commit = local").execute(&mut *tx).await?;
+        // The positions as they were, read under the rows' locks. One behind what this writer
+        // recorded before means the database lost commits: nothing is recorded then, since a
+        // position past them would hide them from the rewind.
+        let before: HashMap<i32, i64> = sqlx::query_as::<_, (i32, i64)>(
+            "SELECT partition, next_offset FROM log_positions
+              WHERE topic = $1 AND partition = ANY($2) FOR UPDATE",
+        )
+        .bind(&self.topic)
+        .bind(&partitions)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+        let behind: Vec<i32> = {
+            let answered = self.lock();
+            let went_back = |partition: &i32| {
+                answered
+                    .recorded
+                    .get(partition)
+                    .is_some_and(|&mine| before.get(partition).is_none_or(|&theirs| theirs < mine))
+            };
+            partitions.iter().copied().filter(went_back).collect()
+        };
+        if !behind.is_empty() {
+            tx.rollback().await?;
+            return Ok(behind);
+        }
         sqlx::query(
             "INSERT INTO log_positions (topic, partition, next_offset)
              SELECT $1, p, n FROM unnest($2::int4[], $3::int8[]) AS a(p, n)
@@ -97,15 +129,25 @@ impl Positions {
         .bind(&next)
         .execute(&mut *tx)
         .await?;
-        tx.commit().await
+        tx.commit().await?;
+        let mut answered = self.lock();
+        if answered.generation == generation {
+            answered.recorded.extend(partitions.iter().copied().zip(next.iter().copied()));
+        }
+        Ok(Vec::new())
     }
 
-    /// Records what was answered every [`RECORD_EVERY`], for as long as the writer runs.
-    pub async fn run(self: std::sync::Arc<Self>, pool: PgPool, current: impl Fn() -> u64) {
+    /// Records what was answered every [`RECORD_EVERY`], for as long as the writer runs;
+    /// `behind` is told of a database found behind what this writer recorded.
+    pub async fn run(self: std::sync::Arc<Self>, pool: PgPool, current: impl Fn() -> u64, behind: impl Fn(&[i32])) {
         loop {
             tokio::time::sleep(RECORD_EVERY).await;
-            if let Err(error) = self.record(&pool, &current).await {
-                tracing::debug!(%error, "positions not recorded; a rewind would read a little more again");
+            match self.record(&pool, &current).await {
+                Ok(partitions) if !partitions.is_empty() => behind(&partitions),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(%error, "positions not recorded; a rewind would read a little more again")
+                }
             }
         }
     }
