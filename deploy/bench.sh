@@ -42,8 +42,10 @@
 #                                   free, three copies) on both, uncapped, the single node's on
 #                                   the shared server. Its report, bench/ha/report.md (and .json,
 #                                   and the plot), has in "Synchronous replication (HA layout)"
-#                                   both and HA / single for throughput, p50 and p99. Nothing
-#                                   else runs.
+#                                   both and HA / single for throughput, p50 and p99, and the
+#                                   same scenarios on empty tables on the layout started again
+#                                   with asynchronous replication (deploy/up.sh --ha --async).
+#                                   Nothing else runs.
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_SCENARIOS=batch_ingest,single_32 for only those, ... see
