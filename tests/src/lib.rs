@@ -831,15 +831,22 @@ pub async fn stored_values(
     db: &sqlx::PgPool,
     workspace_id: &str,
 ) -> std::collections::BTreeMap<String, Option<String>> {
-    sqlx::query_as::<_, (String, Option<String>)>(
-        "SELECT external_id, value::text FROM conversions WHERE workspace_id = $1",
-    )
-    .bind(workspace_id)
-    .fetch_all(db)
-    .await
-    .unwrap_or_else(|e| panic!("reading the conversions of {workspace_id}: {e}"))
-    .into_iter()
-    .collect()
+    by_external_id(db, workspace_id, "value::text").await
+}
+
+/// One column of each conversion of `workspace_id` (an expression of `conversions`), by
+/// external id.
+async fn by_external_id<T>(db: &sqlx::PgPool, workspace_id: &str, column: &str) -> std::collections::BTreeMap<String, T>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_as::<_, (String, T)>(&format!("SELECT external_id, {column} FROM conversions WHERE workspace_id = $1"))
+        .bind(workspace_id)
+        .fetch_all(db)
+        .await
+        .unwrap_or_else(|e| panic!("reading the conversions of {workspace_id}: {e}"))
+        .into_iter()
+        .collect()
 }
 
 /// Topics of a test's own, made as `intake-writer topics` makes them, and the environment that
@@ -866,13 +873,7 @@ pub async fn stored_conversion_ids(
     db: &sqlx::PgPool,
     workspace_id: &str,
 ) -> std::collections::BTreeMap<String, String> {
-    sqlx::query_as::<_, (String, String)>("SELECT external_id, id FROM conversions WHERE workspace_id = $1")
-        .bind(workspace_id)
-        .fetch_all(db)
-        .await
-        .unwrap_or_else(|e| panic!("reading the conversions of {workspace_id}: {e}"))
-        .into_iter()
-        .collect()
+    by_external_id(db, workspace_id, "id").await
 }
 
 /// A conversion input with the required fields and a fresh external id.

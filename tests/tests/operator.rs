@@ -167,23 +167,16 @@ async fn a_database_restored_in_place_under_a_running_writer_gets_back_what_it_l
     // the partition again from the database's position, and the lost write is back, under the
     // id its client was told, without a second answer to anyone.
     assert_eq!(stack.post("/v1/conversions", &key, &later).await.status, 201);
-    let back = || async {
+    let stored_id = || async {
         sqlx::query_scalar::<_, String>("SELECT id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
             .bind(&key.workspace_id)
             .bind(lost_id)
             .fetch_optional(&db)
             .await
-            .ok()
-            .flatten()
-            .is_some()
+            .unwrap_or_else(|e| panic!("{e}"))
     };
-    wait_until("the lost write applied again", Duration::from_secs(15), back).await;
-    let id: String = sqlx::query_scalar("SELECT id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
-        .bind(&key.workspace_id)
-        .bind(lost_id)
-        .fetch_one(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the lost write applied again", Duration::from_secs(15), || async { stored_id().await.is_some() }).await;
+    let id = stored_id().await.unwrap_or_default();
     assert_eq!(json!(id), told.body["conversion"]["id"], "the id told");
     let metrics = stack.writer_metrics(0).await;
     assert_eq!(metrics.value("intake_writer_reapplied_messages_total"), 1.0);

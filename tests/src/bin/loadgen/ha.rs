@@ -215,45 +215,10 @@ async fn on_layout(
     infrastructure: &Roles,
     which: &[&str],
 ) -> anyhow::Result<(Vec<(&'static str, Scenario)>, Value)> {
-    let (_, database) = single_url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
-    let admin = format!("{}/postgres", layout.server_url());
-    let mut conn = sqlx::PgConnection::connect(&admin).await?;
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{database}\"")).execute(&mut conn).await?;
-    conn.close().await?;
-    let url = format!("{}/{database}", layout.server_url());
-    let writer = PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer");
-    let migrated = Command::new(writer)
-        .args(["migrate", "--contract"])
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::null())
-        .output()?;
-    anyhow::ensure!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
-    let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await?;
-    let primary_port: i32 = sqlx::query_scalar("SELECT inet_server_port()").fetch_one(&db).await?;
-    let (layout_roles, standby_ports) = layout.roles(infrastructure, u16::try_from(primary_port)?);
-    let standbys: Vec<String> =
-        standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
-
-    say(&format!("on the HA layout: {} gateway(s) and {} writer(s)", config.gateways, config.writers));
-    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), "replicated").await;
-    let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
-    let plans = Plans { keys: Arc::new(keys) };
-    let roles = crate::roles_of(&stack, &layout_roles);
-    crate::warm_up(&stack, &plans, config.warmup_seconds).await;
-    let mut scenarios = Vec::new();
-    for &scenario in which {
-        let name = ha_name(scenario);
-        let measured = match scenario {
-            "batch_ingest" => {
-                let generator = Arc::new(crate::bodies::Generator::new("ingest"));
-                crate::batch_ingest(&stack, &roles, &plans, config, name, generator).await.0
-            }
-            "single_32" => crate::single_32(&stack, &roles, &plans, config, name).await,
-            _ => crate::single_200rps(&stack, &roles, &plans, config, name, &url, &standbys).await?,
-        };
-        scenarios.push((name, measured));
-    }
-    drop(stack);
+    let database = database_on(layout, single_url).await?;
+    let OnLayout { mut scenarios, layout_roles, standbys, primary_port } =
+        run_scenarios(config, layout, &database, infrastructure, which, "replicated", ha_name).await?;
+    let db = database.db;
     let (at_size, sized) = at_sizes(config, layout, &layout_roles, &standbys).await?;
     scenarios.extend(at_size);
     // Which standby the commits waited for, as the primary saw it at the end.
@@ -291,6 +256,20 @@ async fn on_async_layout(
     infrastructure: &Roles,
     which: &[&str],
 ) -> anyhow::Result<Vec<(&'static str, Scenario)>> {
+    let database = database_on(layout, single_url).await?;
+    let on_layout = run_scenarios(config, layout, &database, infrastructure, which, "flushed", ha_async_name).await;
+    database.db.close().await;
+    Ok(on_layout?.scenarios)
+}
+
+/// A database on a layout, migrated.
+struct LayoutDatabase {
+    url: String,
+    db: PgPool,
+}
+
+/// The database of `single_url`'s name on the layout, created and migrated.
+async fn database_on(layout: &Layout, single_url: &str) -> anyhow::Result<LayoutDatabase> {
     let (_, database) = single_url.rsplit_once('/').ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
     let admin = format!("{}/postgres", layout.server_url());
     let mut conn = sqlx::PgConnection::connect(&admin).await?;
@@ -305,30 +284,55 @@ async fn on_async_layout(
         .output()?;
     anyhow::ensure!(migrated.status.success(), "migrate: {}", String::from_utf8_lossy(&migrated.stderr));
     let db = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&url).await?;
-    let primary_port: i32 = sqlx::query_scalar("SELECT inet_server_port()").fetch_one(&db).await?;
-    db.close().await;
+    Ok(LayoutDatabase { url, db })
+}
+
+/// What the scenarios on a layout measured, and where its servers are.
+struct OnLayout {
+    scenarios: Vec<(&'static str, Scenario)>,
+    layout_roles: Roles,
+    /// The standbys' URLs.
+    standbys: Vec<String>,
+    primary_port: i32,
+}
+
+/// `which` on a stack of its own on the layout, its writers answering once `ack_when` holds;
+/// each scenario under the name `name_of` gives it.
+async fn run_scenarios(
+    config: &Config,
+    layout: &Layout,
+    database: &LayoutDatabase,
+    infrastructure: &Roles,
+    which: &[&str],
+    ack_when: &str,
+    name_of: fn(&str) -> &'static str,
+) -> anyhow::Result<OnLayout> {
+    let LayoutDatabase { url, db } = database;
+    let primary_port: i32 = sqlx::query_scalar("SELECT inet_server_port()").fetch_one(db).await?;
     let (layout_roles, standby_ports) = layout.roles(infrastructure, u16::try_from(primary_port)?);
     let standbys: Vec<String> =
         standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
-    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), "flushed").await;
+    say(&format!("on the HA layout: {} gateway(s) and {} writer(s)", config.gateways, config.writers));
+    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), ack_when).await;
     let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
     let plans = Plans { keys: Arc::new(keys) };
     let roles = crate::roles_of(&stack, &layout_roles);
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;
     let mut scenarios = Vec::new();
     for &scenario in which {
-        let name = ha_async_name(scenario);
+        let name = name_of(scenario);
         let measured = match scenario {
             "batch_ingest" => {
                 let generator = Arc::new(crate::bodies::Generator::new("ingest"));
                 crate::batch_ingest(&stack, &roles, &plans, config, name, generator).await.0
             }
             "single_32" => crate::single_32(&stack, &roles, &plans, config, name).await,
-            _ => crate::single_200rps(&stack, &roles, &plans, config, name, &url, &standbys).await?,
+            _ => crate::single_200rps(&stack, &roles, &plans, config, name, url, &standbys).await?,
         };
         scenarios.push((name, measured));
     }
-    Ok(scenarios)
+    drop(stack);
+    Ok(OnLayout { scenarios, layout_roles, standbys, primary_port })
 }
 
 /// The runs at size of the single node (sized.rs) again on the layout, at each of its sizes:
