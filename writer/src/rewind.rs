@@ -169,12 +169,15 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             };
             drop(below);
             self.health.rewound(partition, generation);
+            // Resumed at once: a later partition's seek may fail and end this round, and the
+            // next one looks only at the partitions still waiting.
+            if !self.health.rewinding(partition) {
+                if let Err(error) = self.consumer.resume(&self.list(&[partition], |_| Offset::Invalid)?) {
+                    tracing::warn!(%error, partition, "could not resume a rewound partition");
+                }
+            }
         }
-        let done: Vec<i32> = partitions.iter().copied().filter(|&p| !self.health.rewinding(p)).collect();
-        tracing::debug!(?done, took = ?started.elapsed(), "rewind: done");
-        if !done.is_empty() {
-            self.consumer.resume(&self.list(&done, |_| Offset::Invalid)?)?;
-        }
+        tracing::debug!(?partitions, took = ?started.elapsed(), "rewind: done");
         Ok(())
     }
 
