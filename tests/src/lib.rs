@@ -451,6 +451,16 @@ impl Stack {
         panic!("the gateway did not become ready; see {}", self.log_dir.display());
     }
 
+    /// Waits until every writer answers /readyz 200: in the group, its partitions rewound to the
+    /// database's positions (a test that times requests starts after that).
+    pub async fn wait_writers_ready(&self) {
+        for ops_url in &self.writer_ops_urls {
+            let url = format!("{ops_url}/readyz");
+            let ready = || async { self.http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) };
+            wait_until("the writer ready", Duration::from_secs(30), ready).await;
+        }
+    }
+
     /// Runs an operator command with this stack's topics and returns its JSON output.
     pub fn run_writer_command(&self, args: &[&str]) -> Result<Value> {
         self.run_writer_command_with_input(args, "")

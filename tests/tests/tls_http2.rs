@@ -395,6 +395,8 @@ async fn well_behaved_http2_clients_are_served_fast_while_50_slow_streams_hang()
     }
     let all_hanging = || async { stack.metrics().await.value("intake_gateway_writes_reading") == 50.0 };
     wait_until("the 50 slow writes waiting for their bodies", Duration::from_secs(10), all_hanging).await;
+    // The writes timed below are not to wait for the writer's start.
+    stack.wait_writers_ready().await;
 
     let mut connection = H2::connect(&stack, Some(&cert)).await;
     let mut took = Vec::new();

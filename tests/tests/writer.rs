@@ -74,6 +74,8 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     let stack = Stack::start().await;
     let key = stack.workspace();
     let ops = &stack.writer_ops_urls[0];
+    // Ready once in the group with its partitions rewound to the database's positions.
+    stack.wait_writers_ready().await;
     let ready = stack.http.get(format!("{ops}/readyz")).send().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ready.status(), 200, "a writer in the group is ready");
     let batch: Vec<_> = (0..30).map(|_| conversion("lead")).collect();

@@ -48,6 +48,8 @@ pub enum NotReady {
     /// Waiting for `intake-writer migrate` before reading a message.
     SchemaBehind,
     NotInGroup,
+    /// Some partition waits for its rewind to the database's position (`rewind.rs`).
+    Rewinding,
     Stalled,
     /// Stalled only behind workspaces whose locks other sessions hold.
     WorkspaceHeld,
@@ -82,6 +84,7 @@ impl Health {
             return Err(NotReady::NotInGroup);
         }
         match self.stall() {
+            Stall::None if self.lock().values().any(|p| p.rewind) => Err(NotReady::Rewinding),
             Stall::None => Ok(()),
             Stall::Held => Err(NotReady::WorkspaceHeld),
             Stall::Own => Err(NotReady::Stalled),
@@ -326,12 +329,27 @@ mod tests {
         Health::new(Arc::new(Metrics::new()), "t".into(), stall)
     }
 
+    /// `partitions` assigned, and each rewound.
+    fn assign(health: &Health, partitions: &[i32]) {
+        health.assigned(partitions.iter().copied());
+        let generation = health.assignment_generation();
+        for &partition in partitions {
+            health.rewound(partition, generation);
+        }
+    }
+
     #[test]
     fn ready_once_in_the_group_and_not_while_shutting_down() {
         let health = health(Duration::from_secs(60));
         assert_eq!(health.ready(), Err(NotReady::NotInGroup));
         health.assigned(std::iter::empty());
         assert_eq!(health.ready(), Ok(()), "a member with no partitions is ready");
+        health.assigned([0, 1].into_iter());
+        assert_eq!(health.ready(), Err(NotReady::Rewinding), "not before its partitions are rewound");
+        let generation = health.assignment_generation();
+        health.rewound(0, generation);
+        health.rewound(1, generation);
+        assert_eq!(health.ready(), Ok(()));
         health.shutting_down();
         assert_eq!(health.ready(), Err(NotReady::ShuttingDown));
     }
@@ -339,7 +357,7 @@ mod tests {
     #[test]
     fn the_stored_lags_of_the_writers_topic_are_read_from_librdkafkas_statistics() {
         let health = health(Duration::from_secs(60));
-        health.assigned([0, 1, 2].into_iter());
+        assign(&health, &[0, 1, 2]);
         let context = WriterContext(health.clone(), QuietContext::default());
         // Trimmed from a real statistics event: the fields around the lags are skipped.
         context.stats_raw(
@@ -362,7 +380,7 @@ mod tests {
     #[test]
     fn lag_without_progress_for_the_stall_timeout_is_a_stall() {
         let health = health(Duration::from_millis(30));
-        health.assigned([0, 1].into_iter());
+        assign(&health, &[0, 1]);
         health.lags([(0, 0), (1, 0)].into_iter());
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(health.ready(), Ok(()), "no lag: idle, not stalled");
@@ -383,7 +401,7 @@ mod tests {
     #[test]
     fn a_stall_only_behind_workspaces_held_elsewhere_is_unready_but_alive() {
         let health = health(Duration::from_millis(30));
-        health.assigned([0, 1].into_iter());
+        assign(&health, &[0, 1]);
         health.lags([(0, 3), (1, 3)].into_iter());
         health.held(0);
         health.progressed(1);

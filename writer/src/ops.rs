@@ -37,6 +37,7 @@ fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
                     NotReady::ShuttingDown => "shutting_down",
                     NotReady::SchemaBehind => "schema_behind",
                     NotReady::NotInGroup => "not_in_group",
+                    NotReady::Rewinding => "rewinding",
                     NotReady::Stalled => "stalled",
                     NotReady::WorkspaceHeld => "workspace_held",
                 };

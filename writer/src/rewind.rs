@@ -29,11 +29,6 @@ const POLL: Duration = Duration::from_millis(100);
 /// A bound on each of Kafka's answers a rewind waits for.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The position a partition without one in the database was just given.
-fn unknown_start(unknown: &[(i32, i64)], partition: i32) -> Option<i64> {
-    unknown.iter().find(|(p, _)| *p == partition).map(|&(_, next)| next)
-}
-
 /// Per partition: the offset below which messages were answered before the last rewind.
 pub type AnsweredBelow = Arc<Mutex<HashMap<i32, i64>>>;
 
@@ -131,53 +126,68 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             );
             positions::seed(&self.pool, &self.topic, &unknown).await?;
         }
+        // Resumed together at the end (a seek waits for the partitions' broker thread, which a
+        // partition resumed early keeps in its fetch's long poll), and on an error too: a
+        // partition rewound stays rewound, and the next round looks only at those still waiting.
+        let mut done = Vec::with_capacity(partitions.len());
+        let mut rewound = Ok(());
         for &partition in partitions {
-            let position = database.get(&partition).copied();
-            let topic = self.topic.clone();
-            let oldest =
-                self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0;
-            let answered = self.positions.furthest_answered(partition);
-            let start = start(
-                position.or(unknown_start(&unknown, partition)),
-                committed.get(&partition).copied(),
-                answered,
-                oldest,
-            );
-            let topic = self.topic.clone();
-            // Refused until the partition's fetch has started (just after its assignment): the
-            // next poll tries again.
-            let seek = start.seek;
-            self.blocking(move |consumer| consumer.seek(&topic, partition, seek, KAFKA_TIMEOUT)).await?;
-            self.metrics.rewound_messages.inc_by(u64::try_from(start.again).unwrap_or(0));
-            if start.lost > 0 {
-                self.metrics.rewind_lost_messages.inc_by(u64::try_from(start.lost).unwrap_or(0));
-                tracing::error!(
-                    partition,
-                    database_position = position,
-                    oldest_in_topic = oldest,
-                    lost = start.lost,
-                    "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
-                );
+            rewound = self.rewind_one(partition, database.get(&partition).copied(), &committed, generation).await;
+            if rewound.is_err() {
+                break;
             }
-            if start.again > 0 {
-                tracing::info!(partition, from = ?start.seek, answered_below = start.answered_below, again = start.again, "partition rewound to the database's position");
-            }
-            let mut below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            match start.answered_below {
-                Some(offset) => below.insert(partition, offset),
-                None => below.remove(&partition),
-            };
-            drop(below);
-            self.health.rewound(partition, generation);
-            // Resumed at once: a later partition's seek may fail and end this round, and the
-            // next one looks only at the partitions still waiting.
             if !self.health.rewinding(partition) {
-                if let Err(error) = self.consumer.resume(&self.list(&[partition], |_| Offset::Invalid)?) {
-                    tracing::warn!(%error, partition, "could not resume a rewound partition");
-                }
+                done.push(partition);
             }
         }
-        tracing::debug!(?partitions, took = ?started.elapsed(), "rewind: done");
+        if !done.is_empty() {
+            if let Err(error) = self.consumer.resume(&self.list(&done, |_| Offset::Invalid)?) {
+                tracing::warn!(%error, ?done, "could not resume rewound partitions");
+            }
+        }
+        tracing::debug!(?done, took = ?started.elapsed(), "rewind: done");
+        rewound
+    }
+
+    /// Seeks one partition to where it starts and records what was answered below it.
+    async fn rewind_one(
+        &self,
+        partition: i32,
+        position: Option<i64>,
+        committed: &HashMap<i32, i64>,
+        generation: u64,
+    ) -> anyhow::Result<()> {
+        let topic = self.topic.clone();
+        let oldest =
+            self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0;
+        let answered = self.positions.furthest_answered(partition);
+        let start = start(position, committed.get(&partition).copied(), answered, oldest);
+        let topic = self.topic.clone();
+        // Refused until the partition's fetch has started (just after its assignment): the next
+        // poll tries again.
+        let seek = start.seek;
+        self.blocking(move |consumer| consumer.seek(&topic, partition, seek, KAFKA_TIMEOUT)).await?;
+        self.metrics.rewound_messages.inc_by(u64::try_from(start.again).unwrap_or(0));
+        if start.lost > 0 {
+            self.metrics.rewind_lost_messages.inc_by(u64::try_from(start.lost).unwrap_or(0));
+            tracing::error!(
+                partition,
+                database_position = position,
+                oldest_in_topic = oldest,
+                lost = start.lost,
+                "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
+            );
+        }
+        if start.again > 0 {
+            tracing::info!(partition, from = ?start.seek, answered_below = start.answered_below, again = start.again, "partition rewound to the database's position");
+        }
+        let mut below = self.answered_below.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match start.answered_below {
+            Some(offset) => below.insert(partition, offset),
+            None => below.remove(&partition),
+        };
+        drop(below);
+        self.health.rewound(partition, generation);
         Ok(())
     }
 
