@@ -4,13 +4,15 @@
 //!
 //! They reach a program two ways, both at librdkafka's own pace while every broker is down
 //! (several a second, as it bootstraps again):
-//! - a client's error callback ([`QuietContext`], the context of every long-lived client);
+//! - a client's error callback ([`QuietContext`], the context of every client, the operator
+//!   commands' included, which also takes librdkafka's own log lines);
 //! - a consumer's queue, in place of messages ([`ConsumeErrors`]), in order with the rebalances
 //!   queued behind them. Those are taken as fast as they come: waiting after each lets them pile
 //!   up, and the assignment that follows the brokers' return then waits behind the pile, for
 //!   minutes.
 
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
 use std::sync::Mutex;
@@ -78,9 +80,31 @@ impl QuietContext {
     }
 }
 
+impl QuietContext {
+    /// librdkafka's own log lines, through this program's log (target `librdkafka`, so that
+    /// `INTAKE_LOG=info,librdkafka=debug` selects them) rather than through rdkafka's default,
+    /// which goes by way of the `log` crate.
+    pub fn log(level: RDKafkaLogLevel, facility: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", facility, "{message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", facility, "{message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+}
+
 impl ClientContext for QuietContext {
     fn error(&self, error: KafkaError, reason: &str) {
         QuietContext::error(self, &error, reason);
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        QuietContext::log(level, facility, message);
     }
 
     // These clients ask for no statistics; without this, each would compile rdkafka's

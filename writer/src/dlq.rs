@@ -4,6 +4,7 @@
 
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use intake_common::message::WriteRequest;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -18,7 +19,8 @@ const SHOWN_HEADERS: [&str; 7] =
 
 pub fn inspect(kafka_args: &KafkaArgs, limit: usize) -> anyhow::Result<Value> {
     let topic = &kafka_args.dlq_topic;
-    let consumer: BaseConsumer = kafka::reader(kafka_args, "intake-dlq-inspect").create()?;
+    let consumer: BaseConsumer<QuietContext> =
+        kafka::reader(kafka_args, "intake-dlq-inspect").create_with_context(QuietContext::default())?;
     let metadata = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
     let mut assignment = TopicPartitionList::new();
     let mut remaining = 0i64;

@@ -8,6 +8,7 @@ use anyhow::bail;
 use intake_common::config::KafkaArgs;
 use intake_common::conversion::Conversion;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use intake_common::message::{ErasureV1, WriteRequest};
 use intake_common::normalize;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -309,7 +310,9 @@ async fn erase_as(
 /// gateways key its writes), once the database has it: a standby promoted without it, or a
 /// restore from before it, gets it again from there (`apply_record`).
 pub async fn record(kafka_args: &KafkaArgs, record: &ErasureV1) -> anyhow::Result<()> {
-    let producer: FutureProducer = kafka::request_producer(kafka_args, std::time::Duration::from_secs(30)).create()?;
+    let producer: FutureProducer<QuietContext> =
+        kafka::request_producer(kafka_args, std::time::Duration::from_secs(30))
+            .create_with_context(QuietContext::default())?;
     let payload = serde_json::to_vec(&WriteRequest::Erasure(record.clone()))?;
     let message = FutureRecord::to(&kafka_args.requests_topic).key(&record.workspace_id).payload(&payload);
     producer

@@ -260,6 +260,10 @@ impl ClientContext for WriterContext {
         self.1.error(&error, reason);
     }
 
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        QuietContext::log(level, facility, message);
+    }
+
     // Read raw: of librdkafka's statistics (kilobytes of JSON a broker and a partition, every
     // interval) only the stored lags are wanted. rdkafka's typed `Statistics` would parse it
     // all, and its deserializer is a twentieth of the writer's compiled code.

@@ -10,8 +10,8 @@
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{json, Value};
@@ -32,7 +32,8 @@ pub struct Growth<'a> {
 pub async fn grow_requests_topic(growth: Growth<'_>) -> anyhow::Result<Option<Value>> {
     let kafka = growth.kafka;
     let topic = kafka.requests_topic.clone();
-    let consumer: BaseConsumer = kafka::reader(kafka, growth.group_id).create()?;
+    let consumer: BaseConsumer<QuietContext> =
+        kafka::reader(kafka, growth.group_id).create_with_context(QuietContext::default())?;
     let current = partition_count(&consumer, &topic)?;
     // Fewer asked than it has: it keeps them (Kafka cannot take partitions away, and running
     // the quick start again with the default count must not fail).
@@ -40,7 +41,7 @@ pub async fn grow_requests_topic(growth: Growth<'_>) -> anyhow::Result<Option<Va
         return Ok(None);
     }
     let ends = tokio::task::block_in_place(|| drained(&consumer, &topic, current, growth.group_id, growth.quiet))?;
-    let admin: AdminClient<DefaultClientContext> = kafka::admin(kafka).create()?;
+    let admin: AdminClient<QuietContext> = kafka::admin(kafka).create_with_context(QuietContext::default())?;
     let count = usize::try_from(growth.partitions).context("partition count")?;
     let results = admin
         .create_partitions(&[NewPartitions::new(&topic, count)], &AdminOptions::new().request_timeout(Some(TIMEOUT)))
@@ -55,7 +56,7 @@ pub async fn grow_requests_topic(growth: Growth<'_>) -> anyhow::Result<Option<Va
     ))
 }
 
-fn partition_count(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> {
+fn partition_count(consumer: &BaseConsumer<QuietContext>, topic: &str) -> anyhow::Result<i32> {
     let metadata = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
     let count = metadata.topics().first().map_or(0, |t| t.partitions().len());
     anyhow::ensure!(count > 0, "no topic {topic}");
@@ -65,13 +66,13 @@ fn partition_count(consumer: &BaseConsumer, topic: &str) -> anyhow::Result<i32> 
 /// The partitions' ends, once the group has committed every one of them and they stayed
 /// still for `quiet`; an error saying why not otherwise.
 fn drained(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<QuietContext>,
     topic: &str,
     partitions: i32,
     group_id: &str,
     quiet: Duration,
 ) -> anyhow::Result<Vec<i64>> {
-    let ends = |consumer: &BaseConsumer| -> anyhow::Result<Vec<i64>> {
+    let ends = |consumer: &BaseConsumer<QuietContext>| -> anyhow::Result<Vec<i64>> {
         (0..partitions).map(|p| Ok(consumer.fetch_watermarks(topic, p, TIMEOUT)?.1)).collect()
     };
     let before = ends(consumer)?;

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
 use intake_common::conversion::Conversion;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use intake_common::message::{WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -52,7 +53,8 @@ pub async fn replay(
     options: Options,
 ) -> anyhow::Result<Value> {
     let Options { newer, dry_run, accept_loss } = options;
-    let consumer: BaseConsumer = kafka::reader(kafka, "intake-replay").create()?;
+    let consumer: BaseConsumer<QuietContext> =
+        kafka::reader(kafka, "intake-replay").create_with_context(QuietContext::default())?;
     let ranges = ranges(&consumer, topic, start)?;
     let gaps = gaps(&consumer, topic, &ranges)?;
     if !gaps.is_empty() {
@@ -208,7 +210,7 @@ impl std::fmt::Display for Gap {
 
 /// The ranges whose start the topic no longer holds: a partition whose retention deleted
 /// messages (its first offset above 0), asked for from before its first message.
-fn gaps(consumer: &BaseConsumer, topic: &str, ranges: &[Range]) -> anyhow::Result<Vec<Gap>> {
+fn gaps(consumer: &BaseConsumer<QuietContext>, topic: &str, ranges: &[Range]) -> anyhow::Result<Vec<Gap>> {
     let mut gaps = Vec::new();
     for range in ranges {
         let (low, _) = consumer.fetch_watermarks(topic, range.partition, TIMEOUT)?;
@@ -232,7 +234,12 @@ fn gaps(consumer: &BaseConsumer, topic: &str, ranges: &[Range]) -> anyhow::Resul
 }
 
 /// The time of the message at `offset` (the partition's first), if it can be read.
-fn first_time(consumer: &BaseConsumer, topic: &str, partition: i32, offset: i64) -> anyhow::Result<Option<i64>> {
+fn first_time(
+    consumer: &BaseConsumer<QuietContext>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> anyhow::Result<Option<i64>> {
     let mut assignment = TopicPartitionList::new();
     assignment.add_partition_offset(topic, partition, Offset::Offset(offset))?;
     consumer.assign(&assignment)?;
@@ -251,7 +258,7 @@ struct Range {
     asked: Asked,
 }
 
-fn ranges(consumer: &BaseConsumer, topic: &str, start: Start) -> anyhow::Result<Vec<Range>> {
+fn ranges(consumer: &BaseConsumer<QuietContext>, topic: &str, start: Start) -> anyhow::Result<Vec<Range>> {
     match start {
         Start::Offsets { partition, from, to } => {
             let (low, high) = consumer.fetch_watermarks(topic, partition, TIMEOUT)?;

@@ -7,8 +7,8 @@
 
 use intake_common::config::KafkaArgs;
 use intake_common::kafka;
+use intake_common::kafka_errors::QuietContext;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -59,7 +59,7 @@ fn settings(kafka: &KafkaArgs, counts: &TopicCounts) -> Vec<(String, Vec<(&'stat
 }
 
 pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts, lower_retention: bool) -> anyhow::Result<Value> {
-    let admin: AdminClient<DefaultClientContext> = kafka::admin(kafka).create()?;
+    let admin: AdminClient<QuietContext> = kafka::admin(kafka).create_with_context(QuietContext::default())?;
     let mut settings = settings(kafka, counts);
     let partitions = [counts.request_partitions, counts.reply_partitions, 1];
     let topics: Vec<NewTopic<'_>> = settings
@@ -154,7 +154,7 @@ pub async fn create_topics(kafka: &KafkaArgs, counts: &TopicCounts, lower_retent
 
 /// The `retention.ms` each of `names` has now.
 async fn retentions(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<QuietContext>,
     names: &[String],
     options: &AdminOptions,
 ) -> anyhow::Result<Vec<(String, i64)>> {
@@ -173,7 +173,7 @@ async fn retentions(
 /// Kafka answers CreateTopics once the controller knows the topics; a broker may learn of them a
 /// moment later. Returns when every partition of every topic has a leader, so that programs
 /// started right after this command find their partitions.
-async fn wait_until_led(admin: &AdminClient<DefaultClientContext>, names: &[&str]) -> anyhow::Result<()> {
+async fn wait_until_led(admin: &AdminClient<QuietContext>, names: &[&str]) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let led = names.iter().all(|name| {
