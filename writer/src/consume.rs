@@ -201,7 +201,6 @@ pub async fn run(
     let scheduler = Arc::new(Scheduler::new(settings.read_budget, MAX_GROUP));
     metrics.backlog_budget_bytes.set(i64::try_from(settings.read_budget).unwrap_or(i64::MAX));
     let pool = database.pool.clone();
-    let database_pool = pool.clone();
     tokio::spawn(crate::retention::run(pool.clone(), settings.kafka.clone(), settings.remember_applied));
     let observer =
         tokio::spawn(observe(pool.clone(), kafka_consumer.clone(), settings.group_id.clone(), metrics.clone()));
@@ -266,7 +265,7 @@ pub async fn run(
     rewinder.abort();
     // What was answered last is recorded once more; a position missed only reads more again.
     recorder.abort();
-    let _ = positions.record(&database_pool, || health.assignment_generation()).await;
+    let _ = positions.record(&pool, || health.assignment_generation()).await;
     drop((worker, reader, partitions));
     leave_group(kafka_consumer, outbox, settings.shutdown_timeout).await;
     tracing::info!("writer stopped");
