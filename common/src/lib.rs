@@ -3,6 +3,7 @@
 //! - [`kafka`]: every Kafka client setting of both programs (feature `service`).
 //! - [`kafka_errors`]: what the programs do with librdkafka's errors (feature `service`).
 //! - [`service`]: the shutdown signal (feature `service`).
+//! - [`systemd`]: readiness and the watchdog for a unit of `Type=notify` (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
 //!
@@ -20,3 +21,5 @@ pub mod log_writer;
 pub mod reference;
 #[cfg(feature = "service")]
 pub mod service;
+#[cfg(feature = "service")]
+pub mod systemd;

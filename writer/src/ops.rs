@@ -1,6 +1,7 @@
 //! The writer's ops port: `/healthz` (alive and not stalled, unless it waits out an outage: a
 //! liveness probe restarts a stalled writer, and a restart cures no outage), `/readyz` (in the
-//! group, not stalled, not shutting down) and Prometheus `/metrics`.
+//! group, not stalled, not shutting down) and Prometheus `/metrics`; and, under systemd, the
+//! readiness and watchdog notifications that stand in for the probes.
 
 use crate::health::{Health, NotReady};
 use bytes::Bytes;
@@ -13,6 +14,11 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub async fn serve(listener: TcpListener, health: Arc<Health>) {
+    // Under systemd (Type=notify, WatchdogSec=): ready once the ops port serves, as Kubernetes'
+    // startup probe finds /healthz, and restarted when no longer alive, as its liveness probe
+    // does, on the same verdict.
+    let watched = health.clone();
+    tokio::spawn(intake_common::systemd::serve(move || alive(&watched)));
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let health = health.clone();
@@ -26,9 +32,15 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>) {
     }
 }
 
+/// `/healthz`'s verdict: not stuck. Stalled while an outage is waited out, or only behind
+/// another session's locks, is alive: a restart would end neither.
+fn alive(health: &Health) -> bool {
+    !health.stuck()
+}
+
 fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
-        "/healthz" if health.stuck() => (503, "application/json", r#"{"status":"stalled"}"#.to_owned()),
+        "/healthz" if !alive(health) => (503, "application/json", r#"{"status":"stalled"}"#.to_owned()),
         "/healthz" => (200, "application/json", r#"{"status":"ok"}"#.to_owned()),
         "/readyz" => match health.ready() {
             Ok(()) => (200, "application/json", r#"{"status":"ready"}"#.to_owned()),
