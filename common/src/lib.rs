@@ -5,6 +5,7 @@
 //! - [`service`]: the shutdown signal (feature `service`).
 //! - [`systemd`]: readiness and the watchdog for a unit of `Type=notify` (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
+//! - [`process`]: the process's memory, CPU, file descriptors and start time on `/metrics`.
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
 //!
 //! The model (conversion, validation, normalization, messages, error codes, ids) is the crate
@@ -18,6 +19,7 @@ pub mod kafka;
 #[cfg(feature = "service")]
 pub mod kafka_errors;
 pub mod log_writer;
+pub mod process;
 pub mod reference;
 #[cfg(feature = "service")]
 pub mod service;

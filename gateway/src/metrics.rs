@@ -89,7 +89,10 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("intake_gateway");
+        // The process metrics keep their standard names; the gateway's own go under its prefix.
+        let mut root = Registry::default();
+        intake_common::process::register(&mut root);
+        let registry = root.sub_registry_with_prefix("intake_gateway");
         let seconds = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let metrics = Metrics {
             registry: Arc::new(Registry::default()),
@@ -158,7 +161,7 @@ impl Metrics {
             "Writes answered 500 (Kafka, timeout or writer failure)",
             metrics.write_failures.clone(),
         );
-        Metrics { registry: Arc::new(registry), ..metrics }
+        Metrics { registry: Arc::new(root), ..metrics }
     }
 
     pub fn observe(&self, route: &'static str, status: u16, elapsed: Duration) {

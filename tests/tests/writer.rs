@@ -90,6 +90,12 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     ] {
         assert_eq!(metrics.value(series), expected, "{series}");
     }
+    // The process's own, under Prometheus' standard names (intake_common::process).
+    for series in
+        ["process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "process_start_time_seconds"]
+    {
+        assert!(metrics.value(series) > 0.0, "{series}");
+    }
     assert_eq!(stack.http.get(format!("{ops}/healthz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0), 200);
 }
 
