@@ -1,7 +1,8 @@
 //! The Grafana dashboard (`deploy/grafana/intake.json`) shows only what exists: every
 //! expression, with Grafana's variables given values, parses as PromQL (`promtool check rules`
 //! on a rules file made of them), and every metric it names is one that a real gateway and
-//! writer export on their `/metrics`, or one that Patroni exports.
+//! writer export on their `/metrics`, or one that Patroni, kafka_exporter or CloudNativePG's
+//! instances export.
 
 use intake_tests::serde_json::{self, json, Value};
 use intake_tests::Stack;
@@ -43,6 +44,27 @@ const PATRONI_METRICS: &[&str] = &[
     "patroni_dcs_last_seen",
     "patroni_pending_restart",
     "patroni_is_paused",
+];
+
+/// kafka_exporter's metrics the dashboard may use (danielqsj/kafka_exporter, `kafka_exporter.go`:
+/// its `prometheus.NewDesc` names).
+const KAFKA_EXPORTER_METRICS: &[&str] = &[
+    "kafka_brokers",
+    "kafka_consumergroup_current_offset",
+    "kafka_consumergroup_lag",
+    "kafka_consumergroup_lag_sum",
+    "kafka_consumergroup_members",
+    "kafka_topic_partition_current_offset",
+];
+
+/// CloudNativePG's instance metrics the dashboard may use: the operator's default queries
+/// (`config/manager/default-monitoring.yaml` of CloudNativePG 1.30, named `cnpg_` + query +
+/// column) and its collector's own (`pg_collector.go`).
+const CLOUDNATIVEPG_METRICS: &[&str] = &[
+    "cnpg_collector_up",
+    "cnpg_pg_replication_in_recovery",
+    "cnpg_pg_replication_lag",
+    "cnpg_pg_replication_streaming_replicas",
 ];
 
 /// Every PromQL expression of the dashboard, with where it is: the panels' queries (rows'
@@ -285,6 +307,10 @@ async fn the_dashboard_names_only_metrics_the_programs_export() {
         "patroni_replica",
         "patroni_xlog_location",
         "patroni_xlog_replayed_location",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "kafka_consumergroup_lag",
+        "cnpg_pg_replication_in_recovery",
     ] {
         assert!(used.contains_key(shown), "the dashboard does not show {shown}; it uses {:?}", used.keys());
     }
@@ -300,14 +326,22 @@ async fn the_dashboard_names_only_metrics_the_programs_export() {
         exported.contains("intake_gateway_requests_total") && exported.contains("intake_writer_consumer_lag"),
         "the scrapes are not what this test reads:\n{gateway}\n{writer}"
     );
+    // Each service exports its process's metrics itself (intake_common::process).
+    for (service, text) in [("gateway", &gateway), ("writer", &writer)] {
+        assert!(
+            exported_names(text).contains("process_resident_memory_bytes"),
+            "the {service} has no process metrics:\n{text}"
+        );
+    }
 
     let patroni: BTreeSet<String> = PATRONI_METRICS.iter().map(|name| (*name).to_owned()).collect();
     let installed = patroni_source_names();
+    let of_exporters = |name: &str| KAFKA_EXPORTER_METRICS.contains(&name) || CLOUDNATIVEPG_METRICS.contains(&name);
     let unknown: Vec<String> = used
         .iter()
         .filter(|(name, _)| {
             let of_patroni = patroni.contains(*name) && installed.as_ref().is_none_or(|names| names.contains(*name));
-            !(exported.contains(*name) || of_patroni)
+            !(exported.contains(*name) || of_patroni || of_exporters(name))
         })
         .map(|(name, places)| format!("{name} (in {})", places.join("; ")))
         .collect();
