@@ -157,7 +157,8 @@ impl Kind {
     }
 }
 
-/// SHA-256 of `kind:value`, hex: what a tombstone keeps instead of the identifier.
+/// SHA-256 of `kind:value`, hex: what a tombstone keeps instead of the identifier. The database
+/// computes the same for `restore apply` (`lookups::tombstone_digest`).
 fn digest(kind: Kind, value: &str) -> String {
     use sha2::{Digest, Sha256};
     let kind = match kind {
@@ -208,13 +209,7 @@ async fn erase_as(
 ) -> anyhow::Result<Option<(Value, time::OffsetDateTime)>> {
     let started = std::time::Instant::now();
     let mut connection = db.pool.acquire().await?;
-    let mut tx = connection.begin().await?;
-    // The same lock as a chunk write: an erasure never interleaves with a write of the
-    // workspace. With the backend's id, for a commit whose wait for the standby is cancelled.
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(workspace_id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let (mut tx, pid) = lock_workspace(&mut connection, workspace_id).await?;
     let locked = std::time::Instant::now();
     // Every statement below is a union of indexed lookups; the planner is held to them even on
     // a table whose statistics lag behind a bulk load (a stale estimate must not turn a lookup
@@ -249,7 +244,6 @@ async fn erase_as(
         .bind(&found.phone_hashes)
         .fetch_all(&mut *tx)
         .await?;
-    let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
     let mut all = Identifiers::of(&people);
     match kind {
         Kind::VisitorId => all.visitor_ids.push(value.chars().take(16).collect()),
@@ -257,38 +251,8 @@ async fn erase_as(
         Kind::Email => all.email_hashes.push(value.to_owned()),
         Kind::Phone => all.phone_hashes.push(value.to_owned()),
     }
-
-    let visits = sqlx::query(lookups::DELETE_PERSON_VISITS)
-        .bind(workspace_id)
-        .bind(&all.visitor_ids)
-        .bind(&all.click_ids)
-        .bind(&all.contact_ids)
-        .bind(&conversion_ids)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-    sqlx::query(lookups::DELETE_PERSON_MATCHES).bind(&conversion_ids).execute(&mut *tx).await?;
-    let conversions =
-        sqlx::query(lookups::CLEAR_PERSON_CONVERSIONS).bind(&conversion_ids).execute(&mut *tx).await?.rows_affected();
-    let erasure_id: i64 = sqlx::query_scalar(
-        "INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits) VALUES ($1, $2, $3, $4)
-         RETURNING id",
-    )
-    .bind(workspace_id)
-    .bind(kind.name())
-    .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
-    .bind(i32::try_from(visits).unwrap_or(i32::MAX))
-    .fetch_one(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO erasure_tombstones (erasure_id, workspace_id, erased_at, digests) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(erasure_id)
-    .bind(workspace_id)
-    .bind(erased_at)
-    .bind(all.digests())
-    .execute(&mut *tx)
-    .await?;
+    let digests = all.digests();
+    let (conversions, visits) = remove(&mut tx, workspace_id, kind, &people, &all, erased_at, &digests).await?;
     // Bounded, so that the workspace's lock is not held while no standby takes the commit.
     db.durability.commit(tx, pid).await?;
     let done = std::time::Instant::now();
@@ -304,6 +268,132 @@ async fn erase_as(
         "erased"
     );
     Ok(Some((json!({ "conversions": conversions, "visits": visits }), erased_at)))
+}
+
+/// A transaction holding the workspace's write lock, the same as a chunk write takes: an
+/// erasure never interleaves with a write of the workspace. With the backend's id, for a commit
+/// whose wait for the standby is cancelled.
+async fn lock_workspace<'c>(
+    connection: &'c mut sqlx::PgConnection,
+    workspace_id: &str,
+) -> Result<(sqlx::Transaction<'c, sqlx::Postgres>, i32), sqlx::Error> {
+    let mut tx = connection.begin().await?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid() FROM pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(workspace_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok((tx, pid))
+}
+
+/// An erasure as its tombstone keeps it: what `restore export` saves of each erasure, since
+/// the identifier itself is kept nowhere.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Tombstone {
+    pub workspace_id: String,
+    pub kind: String,
+    #[serde(with = "time::serde::rfc3339")]
+    pub erased_at: time::OffsetDateTime,
+    pub digests: Vec<String>,
+}
+
+/// Applies an erasure again from its tombstone, at its instant (a database restored from before
+/// it, `restore apply`): a no-op when the database has it. The person is found by the
+/// tombstone's digests, on every conversion of the workspace last written before the erasure
+/// and every visit of the workspace: a scan of the workspace, run while the writers are stopped.
+/// The counts of conversions and visits when it was applied now.
+pub async fn apply_tombstone(db: &Database, tombstone: &Tombstone) -> anyhow::Result<Option<(u64, u64)>> {
+    let Some(kind) = Kind::parse(&tombstone.kind) else { bail!("an erasure of an unknown kind: {}", tombstone.kind) };
+    let workspace_id = tombstone.workspace_id.as_str();
+    let mut connection = db.pool.acquire().await?;
+    let (mut tx, pid) = lock_workspace(&mut connection, workspace_id).await?;
+    let present: Option<bool> = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT FROM erasure_tombstones WHERE workspace_id = $1 AND erased_at = $2)
+           FROM workspaces WHERE id = $1",
+    )
+    .bind(workspace_id)
+    .bind(tombstone.erased_at)
+    .fetch_optional(&mut *tx)
+    .await?;
+    match present {
+        None => bail!("no workspace {workspace_id}"),
+        Some(true) => return Ok(None),
+        Some(false) => {}
+    }
+    let people: Vec<Person> = sqlx::query_as(lookups::PEOPLE_BY_TOMBSTONE)
+        .bind(workspace_id)
+        .bind(&tombstone.digests)
+        .bind(tombstone.erased_at)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut all = Identifiers::of(&people);
+    let visited: Vec<(Option<String>, Option<String>)> = sqlx::query_as(lookups::VISIT_IDS_BY_TOMBSTONE)
+        .bind(workspace_id)
+        .bind(&tombstone.digests)
+        .fetch_all(&mut *tx)
+        .await?;
+    for (visitor_id, recipient_id) in visited {
+        all.visitor_ids.extend(visitor_id);
+        all.contact_ids.extend(recipient_id);
+    }
+    let counts = remove(&mut tx, workspace_id, kind, &people, &all, tombstone.erased_at, &tombstone.digests).await?;
+    db.durability.commit(tx, pid).await?;
+    db.durability.confirm(&mut connection).await?;
+    tracing::info!(
+        kind = kind.name(),
+        conversions = counts.0,
+        visits = counts.1,
+        "erasure applied again from its tombstone"
+    );
+    Ok(Some(counts))
+}
+
+/// Removes the person found (`people`, carrying `identifiers`) under the workspace's lock held by
+/// `tx`: their visits and matches deleted, the identifiers on their conversions cleared; and
+/// records the erasure with its tombstone of `digests` at `erased_at`. The counts of conversions
+/// and visits.
+#[allow(clippy::too_many_arguments)]
+async fn remove(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    workspace_id: &str,
+    kind: Kind,
+    people: &[Person],
+    identifiers: &Identifiers,
+    erased_at: time::OffsetDateTime,
+    digests: &[String],
+) -> Result<(u64, u64), sqlx::Error> {
+    let conversion_ids: Vec<&str> = people.iter().map(|p| p.id.as_str()).collect();
+    let visits = sqlx::query(lookups::DELETE_PERSON_VISITS)
+        .bind(workspace_id)
+        .bind(&identifiers.visitor_ids)
+        .bind(&identifiers.click_ids)
+        .bind(&identifiers.contact_ids)
+        .bind(&conversion_ids)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    sqlx::query(lookups::DELETE_PERSON_MATCHES).bind(&conversion_ids).execute(&mut **tx).await?;
+    let conversions =
+        sqlx::query(lookups::CLEAR_PERSON_CONVERSIONS).bind(&conversion_ids).execute(&mut **tx).await?.rows_affected();
+    let erasure_id: i64 = sqlx::query_scalar(
+        "INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits) VALUES ($1, $2, $3, $4)
+         RETURNING id",
+    )
+    .bind(workspace_id)
+    .bind(kind.name())
+    .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
+    .bind(i32::try_from(visits).unwrap_or(i32::MAX))
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO erasure_tombstones (erasure_id, workspace_id, erased_at, digests) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(erasure_id)
+    .bind(workspace_id)
+    .bind(erased_at)
+    .bind(digests)
+    .execute(&mut **tx)
+    .await?;
+    Ok((conversions, visits))
 }
 
 /// Records the erasure in the requests topic, in its workspace's partition (keyed as the

@@ -151,6 +151,48 @@ pub const PERSON_ONE_STEP: &str = concat!(
     people_by_digests!("phone", "$6")
 );
 
+/// A tombstone's digest of `$value` (`kind:value`, SHA-256, hex), as `erase::digest` computes
+/// it in the writer; `$label` is the kind's name in the digest. NULL when the value is.
+macro_rules! tombstone_digest {
+    ($label:literal, $value:expr) => {
+        concat!("encode(sha256(convert_to('", $label, ":' || ", $value, ", 'UTF8')), 'hex')")
+    };
+}
+
+/// The conversions of workspace `$1` last written before `$3` that carry an identifier whose
+/// digest is one of `$2`: an erasure applied again from its tombstone. A scan of the
+/// workspace, with its person columns.
+pub const PEOPLE_BY_TOMBSTONE: &str = concat!(
+    "SELECT ",
+    person_columns!(),
+    " FROM conversions WHERE workspace_id = $1 AND updated_at < $3 AND (",
+    tombstone_digest!("visitor_id", "left(visitor_id, 16)"),
+    " = ANY($2) OR ",
+    tombstone_digest!("contact_id", "contact_id"),
+    " = ANY($2) OR ",
+    tombstone_digest!("email_sha256", digest_hex!("email")),
+    " = ANY($2) OR ",
+    tombstone_digest!("phone_sha256", digest_hex!("phone")),
+    " = ANY($2))"
+);
+
+/// The visitor ids (16 characters) and recipient ids of workspace `$1`'s visits whose digest is
+/// one of `$2`: the visits of an erased person that no conversion of theirs names.
+pub const VISIT_IDS_BY_TOMBSTONE: &str = concat!(
+    "SELECT DISTINCT
+            CASE WHEN ",
+    tombstone_digest!("visitor_id", "left(visitor_id, 16)"),
+    " = ANY($2) THEN left(visitor_id, 16) END,
+            CASE WHEN ",
+    tombstone_digest!("contact_id", "recipient_id"),
+    " = ANY($2) THEN recipient_id END
+       FROM visits WHERE workspace_id = $1 AND (",
+    tombstone_digest!("visitor_id", "left(visitor_id, 16)"),
+    " = ANY($2) OR ",
+    tombstone_digest!("contact_id", "recipient_id"),
+    " = ANY($2))"
+);
+
 /// The person's visits in workspace `$1`: by visitor id `$2`, click id `$3`, recipient id `$4`
 /// (their contact ids), and those matched to their conversions `$5`. Their matches go with them
 /// (ON DELETE CASCADE).

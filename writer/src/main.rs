@@ -22,6 +22,7 @@ mod plan;
 mod positions;
 mod read;
 mod replay;
+mod restore;
 mod retention;
 mod retry;
 mod rewind;
@@ -221,6 +222,16 @@ enum Command {
         #[command(flatten)]
         durability: DurabilityArgs,
     },
+    /// What a restore of the database undoes and a replay cannot give back: workspaces, keys
+    /// and their revocations, erasures (deploy/RUNBOOK.md, "PostgreSQL restored from a backup").
+    Restore {
+        #[command(subcommand)]
+        command: RestoreCommand,
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        durability: DurabilityArgs,
+    },
     /// The direct_apply baseline of deploy/bench.sh (writer/src/bench.rs); not an operator command.
     #[command(hide = true)]
     BenchApply {
@@ -282,6 +293,24 @@ enum DlqCommand {
         /// Messages printed at most.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum RestoreCommand {
+    /// Before the restore: saves workspaces, keys and erasures' tombstones to a new file (mode
+    /// 0600; key secrets only as their hashes). Prints {"exported_to", "exported_at",
+    /// "workspaces", "keys", "erasures"}.
+    Export {
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
+    /// After the restore, before the replay: puts them back. Prints {"workspaces": {"created",
+    /// "updated"}, "sites_added", "keys": {"created", "revoked"}, "erasures": {"applied",
+    /// "present"}}; a second run changes nothing.
+    Apply {
+        #[arg(long)]
+        from: std::path::PathBuf,
     },
 }
 
@@ -556,6 +585,21 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
             let topic = topic.unwrap_or_else(|| kafka.requests_topic.clone());
             let newer = if topic == kafka.dlq_topic { replay::Newer::Keep } else { replay::Newer::Overwrite };
             replay::replay(&db, &kafka, &topic, start, replay::Options { newer, dry_run, accept_loss }).await
+        }
+        Command::Restore { command, database, durability } => {
+            let pool = store::connect_with(&database.url, 1, store::OPERATOR_TIMEOUTS).await?;
+            match command {
+                RestoreCommand::Export { to } => restore::save(&restore::export(&pool).await?, &to),
+                RestoreCommand::Apply { from } => {
+                    let export = restore::load(&from)?;
+                    let db = Database {
+                        pool,
+                        durability: Durability::new(&database.url, &durability, Counter::default())?,
+                        schema_behind: Default::default(),
+                    };
+                    restore::apply(&db, &export).await
+                }
+            }
         }
         Command::BenchApply { from, seconds, concurrency, database, durability } => {
             let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
