@@ -521,8 +521,9 @@ ha_switchover() {
 # ha_restore_cluster DIR TIME: the layout at DIR restored to TIME (a timestamp with its zone,
 # "2026-05-04 10:30:00+00") from pgBackRest's repository: every node's data is replaced, node 1
 # recovers to TIME and becomes the primary, the others are copied from it, then a full backup
-# is taken. The data each node had is kept in node-N/data.before-restore until the next
-# restore. Writers must be stopped first (deploy/RUNBOOK.md, "The HA layout: restore to a
+# is taken. The data each node had is kept in node-N/data.before-restore-<UTC time>, never
+# deleted here: after a lossy failover it may be the only copy of what was acknowledged
+# (deploy/RUNBOOK.md); delete it once the incident is closed. Writers must be stopped first (deploy/RUNBOOK.md, "The HA layout: restore to a
 # point in time, then replay").
 ha_restore_cluster() {
     local dir="$1" target="$2"
@@ -537,14 +538,15 @@ ha_restore_cluster() {
     wait
     # Patroni would otherwise take the restored node for a stray member of the old cluster.
     printf '%s\nYes I am aware\n' "$HA_SCOPE" | ha_patronictl_at "$HA" remove "$HA_SCOPE" >/dev/null
-    # After a restore that did not finish, the data directories are its leftovers and
-    # data.before-restore still holds what the nodes had.
+    # After a restore that did not finish, the data directories are its leftovers and the
+    # newest data.before-restore-* still holds what the nodes had.
+    local kept
+    kept="data.before-restore-$(date -u +%Y%m%dT%H%M%SZ)"
     for n in 1 2 3; do
         if [ -f "$HA/restoring" ]; then
             rm -rf "$HA/node-$n/data"
-        else
-            rm -rf "$HA/node-$n/data.before-restore"
-            if [ -d "$HA/node-$n/data" ]; then mv "$HA/node-$n/data" "$HA/node-$n/data.before-restore"; fi
+        elif [ -d "$HA/node-$n/data" ]; then
+            mv "$HA/node-$n/data" "$HA/node-$n/$kept"
         fi
     done
     touch "$HA/restoring"
@@ -586,7 +588,7 @@ ha_restore_cluster() {
     say "taking a full backup of the restored cluster"
     ha_pgbackrest_repo backup --type=full --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 \
         || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
-    say "restored to $target; the previous data is in $HA/node-N/data.before-restore"
+    say "restored to $target; the data the nodes had is kept in $HA/node-N/data.before-restore-*"
 }
 
 # The single PostgreSQL of the quick start (deploy/lib.sh start_postgres) runs.

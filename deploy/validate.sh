@@ -64,7 +64,7 @@ install_systemd_analyze() {
 check_manifests() {
     local version output unknown
     for version in 1.28.0 1.37.0; do
-        output="$("$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$version" "$DEPLOY"/k8s/*.yaml 2>&1)" \
+        output="$("$TOOLS/venv/bin/kubernetes-validate" --strict --quiet -k "$version" "$DEPLOY"/k8s/*.yaml "$DEPLOY"/k8s/restore/*.yaml 2>&1)" \
             || { echo "$output" >&2; return 1; }
         unknown="$(grep "Couldn't find schema for kind" <<<"$output" \
             | grep -v -F -f <("$TOOLS/venv/bin/python" "$DEPLOY/validate-crds.py" "$DEPLOY/k8s/schemas" --kinds \
@@ -75,8 +75,8 @@ check_manifests() {
             return 1
         fi
     done
-    echo "ok: Kubernetes manifests (deploy/k8s, strict, Kubernetes 1.28 and 1.37)"
-    "$TOOLS/venv/bin/python" "$DEPLOY/validate-crds.py" "$DEPLOY/k8s/schemas" "$DEPLOY"/k8s/*.yaml >/dev/null
+    echo "ok: Kubernetes manifests (deploy/k8s and k8s/restore, strict, Kubernetes 1.28 and 1.37)"
+    "$TOOLS/venv/bin/python" "$DEPLOY/validate-crds.py" "$DEPLOY/k8s/schemas" "$DEPLOY"/k8s/*.yaml "$DEPLOY"/k8s/restore/*.yaml >/dev/null
     echo "ok: CloudNativePG resources (deploy/k8s, strict, against the CRDs vendored in deploy/k8s/schemas)"
 }
 

@@ -1,4 +1,4 @@
-//! The runbook's restore (deploy/RUNBOOK.md, "PostgreSQL restored from a backup"), with what a
+//! The runbook's restore (deploy/RUNBOOK.md, "PostgreSQL restored from a backup: replay"), with what a
 //! replay of the requests topic cannot give back: the changes made after the backup to keys,
 //! workspaces and erasures, saved by `restore export` before the restore and put back by
 //! `restore apply` after it.

@@ -223,7 +223,7 @@ enum Command {
         durability: DurabilityArgs,
     },
     /// What a restore of the database undoes and a replay cannot give back: workspaces, keys
-    /// and their revocations, erasures (deploy/RUNBOOK.md, "PostgreSQL restored from a backup").
+    /// and their revocations, erasures (deploy/RUNBOOK.md, "PostgreSQL restored from a backup: replay").
     Restore {
         #[command(subcommand)]
         command: RestoreCommand,

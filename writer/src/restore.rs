@@ -1,5 +1,5 @@
 //! What a restore of the database undoes that the requests topic cannot give back
-//! (deploy/RUNBOOK.md, "PostgreSQL restored from a backup"): workspaces and their sites, keys
+//! (deploy/RUNBOOK.md, "PostgreSQL restored from a backup: replay"): workspaces and their sites, keys
 //! and their revocations, and erasures older than the topic's retention. `export` saves them
 //! from the database before it is restored; `apply` puts them back into the restored one, before
 //! the replay: a workspace keeps its id (its replayed writes need it), a revoked key stays

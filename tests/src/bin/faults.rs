@@ -545,8 +545,9 @@ impl Harness {
     }
 
     /// The runbook's restore: a backup, writes acknowledged after it, an erasure after it; then
-    /// writers stopped, the backup restored, the requests topic replayed from before the backup,
-    /// the erasures made since the backup run again, writers started. On the HA layout the
+    /// writers stopped, what the restore undoes exported, the backup restored, the export
+    /// applied (the erasure among it), the requests topic replayed from before the backup,
+    /// writers started. On the HA layout the
     /// "backup" is a point in time: the whole cluster is restored to it from pgBackRest's base
     /// backup and WAL archive (deploy/ha.sh ha_restore_cluster), as the runbook does.
     async fn restore_and_replay(&self) {
@@ -577,6 +578,8 @@ impl Harness {
         self.supervisor.hold_writers.store(true, Ordering::Relaxed);
         self.supervisor.kill("writer-0");
         self.supervisor.kill("writer-1");
+        let export = format!("{dir}/restore-export-{}.json", ulid::Ulid::new());
+        assert!(shell(&format!("{writer} restore export --to {export} > /dev/null")), "restore export");
         if let Some(layout) = &self.ha {
             if let Err(error) = layout.restore_to(restore_to).await {
                 panic!("the HA layout's restore: {error}");
@@ -587,12 +590,12 @@ impl Harness {
             assert!(shell(&format!("psql {admin} -qc 'DROP DATABASE {database} WITH (FORCE)' && psql {admin} -qc 'CREATE DATABASE {database}'")), "drop");
             assert!(shell(&format!("pg_restore -d {url} {dir}/backup.dump")), "pg_restore");
         }
+        assert!(shell(&format!("{writer} restore apply --from {export} > /dev/null")), "restore apply");
         let from = backup_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
         assert!(shell(&format!("{writer} replay --from-time {from} > {dir}/replay.json")), "replay");
         let replayed = std::fs::read_to_string(format!("{dir}/replay.json")).unwrap_or_default();
         *self.replayed.lock().unwrap_or_else(|p| p.into_inner()) = intake_tests::serde_json::from_str(&replayed).ok();
         if let Some(target) = &erased {
-            assert!(erase(target), "erasure made again after the replay");
             *self.erased.lock().unwrap_or_else(|p| p.into_inner()) = Some(target.clone());
         }
         self.supervisor.hold_writers.store(false, Ordering::Relaxed);
