@@ -63,12 +63,17 @@ pub const WRITER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The writers' consumer of `intake.requests`, in one consumer group. Refused when the
 /// operator's options select an incremental rebalance protocol (see [`refuse_incremental`]).
-pub fn writer_consumer(args: &KafkaArgs, group_id: &str) -> Result<ClientConfig, String> {
+pub fn writer_consumer(args: &KafkaArgs, group_id: &str, client_id: &str) -> Result<ClientConfig, String> {
     let session_ms = WRITER_SESSION_TIMEOUT.as_millis().to_string();
     let config = config(
         args,
         &[
             ("group.id", group_id),
+            // The writer's build and the newest migration it knows: the group's member list
+            // then says which versions run, and `intake-writer migrate --contract` refuses
+            // while a member's build predates a contract migration. An operator's client.id
+            // without it counts as such a build.
+            ("client.id", client_id),
             // Offsets are stored by the writer only after the PostgreSQL commit and the reply,
             // then committed in the background; a crash redelivers at most the last 500 ms of
             // work, which applied_messages recognises.
@@ -203,7 +208,7 @@ mod tests {
         for config in [
             request_producer(&a, Duration::from_secs(1)),
             reply_reader(&a),
-            writer_consumer(&a, "g").unwrap_or_else(|e| panic!("{e}")),
+            writer_consumer(&a, "g", "c").unwrap_or_else(|e| panic!("{e}")),
             writer_producer(&a),
         ] {
             assert_eq!(config.get("fetch.wait.max.ms"), None);
@@ -217,18 +222,18 @@ mod tests {
             ("partition.assignment.strategy", "range, Cooperative-Sticky"),
             ("group.protocol", "consumer"),
         ] {
-            let Err(refused) = writer_consumer(&args(&[option]), "g") else { panic!("{option:?} accepted") };
+            let Err(refused) = writer_consumer(&args(&[option]), "g", "c") else { panic!("{option:?} accepted") };
             assert!(refused.contains(option.0) && refused.contains("eager"), "{refused}");
         }
         for eager in ["range", "roundrobin", "range,roundrobin"] {
-            assert!(writer_consumer(&args(&[("partition.assignment.strategy", eager)]), "g").is_ok());
+            assert!(writer_consumer(&args(&[("partition.assignment.strategy", eager)]), "g", "c").is_ok());
         }
-        assert!(writer_consumer(&args(&[("group.protocol", "classic")]), "g").is_ok());
+        assert!(writer_consumer(&args(&[("group.protocol", "classic")]), "g", "c").is_ok());
     }
 
     #[test]
     fn the_writers_prefetch_is_bounded_and_an_operator_may_change_it() {
-        let config = writer_consumer(&args(&[]), "g").unwrap_or_else(|e| panic!("{e}"));
+        let config = writer_consumer(&args(&[]), "g", "c").unwrap_or_else(|e| panic!("{e}"));
         let prefetch: Vec<_> = [
             "queued.max.messages.kbytes",
             "queued.min.messages",
@@ -240,8 +245,8 @@ mod tests {
         .map(|key| config.get(key).and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX))
         .collect();
         assert_eq!(prefetch, [8192, 1000, 4 << 20, 1 << 20, 50]);
-        let tuned =
-            writer_consumer(&args(&[("queued.max.messages.kbytes", "4096")]), "g").unwrap_or_else(|e| panic!("{e}"));
+        let tuned = writer_consumer(&args(&[("queued.max.messages.kbytes", "4096")]), "g", "c")
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(tuned.get("queued.max.messages.kbytes"), Some("4096"));
     }
 }

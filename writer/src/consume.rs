@@ -178,7 +178,8 @@ pub async fn run(
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let config = kafka::writer_consumer(&settings.kafka, &settings.group_id).map_err(anyhow::Error::msg)?;
+    let config = kafka::writer_consumer(&settings.kafka, &settings.group_id, &crate::migrations::writer_client_id())
+        .map_err(anyhow::Error::msg)?;
     let kafka_consumer: WriterConsumer =
         config.create_with_context(WriterContext(health.clone(), QuietContext::default()))?;
     kafka_consumer.subscribe(&[&settings.kafka.requests_topic])?;

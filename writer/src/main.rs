@@ -63,13 +63,24 @@ enum Command {
         #[command(flatten)]
         durability: DurabilityArgs,
         /// Also applies those: once no binary of the previous version runs, and on a new
-        /// database.
+        /// database. Refused while a member of the writers' consumer group runs a build older
+        /// than one of them (its Kafka client.id names the newest migration it knows), and
+        /// when Kafka does not answer.
         #[arg(long)]
         contract: bool,
         /// Applies none past this version: a rollout staged one migration at a time, or a
         /// database brought to an earlier version's schema.
         #[arg(long, value_name = "VERSION")]
         through: Option<i64>,
+        /// The writers' consumer group, whose members --contract checks.
+        #[arg(long, env = "INTAKE_WRITER_GROUP", default_value = "intake-writer")]
+        group_id: String,
+        /// --contract without asking Kafka which writers run: only for a database no writer
+        /// reads Kafka for (a benchmark's, a copy).
+        #[arg(long, requires = "contract")]
+        skip_writer_check: bool,
+        #[command(flatten)]
+        kafka: KafkaArgs,
     },
     /// Consumes write requests and applies them until SIGTERM or SIGINT.
     Run {
@@ -426,8 +437,11 @@ async fn wait_for_schema(
 
 async fn execute(command: Command) -> anyhow::Result<Value> {
     match command {
-        Command::Migrate { database, durability, contract, through } => {
+        Command::Migrate { database, durability, contract, through, group_id, skip_writer_check, kafka } => {
             let pool = store::connect(&database.url, 1).await?;
+            if contract && !skip_writer_check {
+                migrations::refuse_older_writers(&pool, &kafka, &group_id, through).await?;
+            }
             let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
             let waiting = migrations::run(&pool, stage, through).await?;
             let durability = Durability::new(&database.url, &durability, Counter::default())?;
