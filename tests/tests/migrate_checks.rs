@@ -176,15 +176,40 @@ async fn migrate_contract_is_refused_while_an_older_writer_is_in_the_group_and_a
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(applied, 3);
 
-    // A rollback after a contract: a writer whose build lacks an applied migration (here one
-    // recorded as a newer build's) refuses to start, naming it.
-    sqlx::query(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-         SELECT max(version) + 1, 'a newer build s contract', true, '\\x00', 0 FROM _sqlx_migrations",
-    )
-    .execute(&db)
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    // A rollback: this build is the older one beside a newer build's migrations. Their
+    // expansion is no obstacle (before the contract a writer may be rolled back)...
+    let record = |version: i64, description: &'static str| {
+        let db = db.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+                 VALUES ($1, $2, true, '\\x00', 0)",
+            )
+            .bind(version)
+            .bind(description)
+            .execute(&db)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    };
+    record(newest + 1, "a newer build s index").await;
+    let mut rolled_back = stack
+        .writer_command()
+        .args(["run", "--ops-listen", &format!("127.0.0.1:{}", intake_tests::free_port())])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    intake_tests::wait_until("the rolled-back writer in the group", Duration::from_secs(30), || {
+        let group = group.clone();
+        async move { tokio::task::block_in_place(|| members(&group)).len() == 2 }
+    })
+    .await;
+    assert!(rolled_back.try_wait().ok().flatten().is_none(), "it runs");
+    let _ = std::process::Command::new("kill").args(["-TERM", &rolled_back.id().to_string()]).status();
+    let _ = rolled_back.wait();
+    // ...but after its contract, the writer refuses to start, naming it.
+    record(newest + 2, "a newer build s drop (contract)").await;
     let started = stack
         .writer_command()
         .args(["run", "--ops-listen", &format!("127.0.0.1:{}", intake_tests::free_port())])
@@ -193,8 +218,8 @@ async fn migrate_contract_is_refused_while_an_older_writer_is_in_the_group_and_a
     assert!(!started.status.success(), "an older build started on a contracted database");
     assert!(
         stderr(&started).contains(&format!(
-            "{} (a newer build s contract): applied, but this build has no such migration",
-            newest + 1
+            "{} (a newer build s drop (contract)): applied, but this build has no such migration",
+            newest + 2
         )),
         "{}",
         stderr(&started)

@@ -246,9 +246,15 @@ pub async fn missing(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
     Ok(expand.into_iter().map(|(version, _, _)| version).filter(|version| !applied.contains(version)).collect())
 }
 
+/// Appended to a contract migration's description as `_sqlx_migrations` records it, so that a
+/// build that does not know the migration can tell it from an expansion.
+const CONTRACT_RECORDED: &str = " (contract)";
+
 /// The applied migrations that this build's files do not match, each named with what differs:
 /// a file changed after it was applied (sqlx's SHA-384 of it differs), or an applied version no
-/// file of this build knows. A writer refuses to start on such a database: its schema is not
+/// file of this build knows, unless a newer build recorded it as an expansion: the schema then
+/// holds all this build uses, as during a rollout, and a writer rolled back to this build
+/// before the contract runs on it. A writer refuses to start on any other: its schema is not
 /// the one the files describe (deploy/RUNBOOK.md, "Schema migrations").
 pub async fn drifted(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
     let migrated: bool =
@@ -264,6 +270,7 @@ pub async fn drifted(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
     Ok(applied
         .into_iter()
         .filter_map(|(version, description, checksum)| match ours.iter().find(|m| m.version == version) {
+            None if version > newest() && !description.ends_with(CONTRACT_RECORDED) => None,
             None => Some(format!("{version} ({description}): applied, but this build has no such migration")),
             Some(m) if *m.checksum != *checksum => {
                 Some(format!("{version} ({description}): its file changed after it was applied (checksum differs)"))
@@ -290,7 +297,11 @@ fn migrator_of(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
         .map(|&(version, description, sql)| {
             Migration::new(
                 version,
-                Cow::Borrowed(description),
+                if is_contract(sql) {
+                    Cow::Owned(format!("{description}{CONTRACT_RECORDED}"))
+                } else {
+                    Cow::Borrowed(description)
+                },
                 MigrationType::Simple,
                 Cow::Borrowed(sql),
                 sql.starts_with(NO_TRANSACTION),
@@ -340,6 +351,12 @@ mod tests {
         assert_eq!(versions, expected, "numbered from 1 without a gap");
         let first = migrator.iter().next().unwrap_or_else(|| panic!("no migration"));
         assert_eq!(first.description, "spine");
+        let contract = migrator.iter().find(|m| m.version == 26).map(|m| m.description.to_string());
+        assert_eq!(
+            contract.as_deref(),
+            Some("conversions drop unique by workspace id (contract)"),
+            "marked for the builds that do not know it"
+        );
         let concurrent: Vec<i64> = migrator.iter().filter(|m| m.no_tx).map(|m| m.version).collect();
         assert!(concurrent.contains(&18), "CREATE INDEX CONCURRENTLY runs outside a transaction: {concurrent:?}");
     }
