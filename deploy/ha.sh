@@ -393,8 +393,17 @@ start_ha_cluster() {
         haproxy -c -q -f "$HA/conf/haproxy.cfg"
         start_process ha-haproxy haproxy -db -f "$HA/conf/haproxy.cfg"
     fi
-    local state leader sync
-    for _ in $(seq 1800); do
+    local state leader sync i
+    for i in $(seq 1800); do
+        state="$(ha_cluster_state)"
+        leader="${state% *}" sync="${state#* }"
+        [ "$leader" != - ] && break
+        sleep 0.1
+    done
+    # The mode asked for before waiting for its standby: a cluster last started in the other
+    # mode keeps that one in etcd until told.
+    [ "$leader" != - ] && ha_patronictl_at "$HA" edit-config --apply "$HA/conf/dcs.yml" --force >/dev/null
+    for _ in $(seq "$i" 1800); do
         state="$(ha_cluster_state)"
         leader="${state% *}" sync="${state#* }"
         [ "$leader" != - ] && [ "$sync" != - ] && ha_primary_writable && break
@@ -404,7 +413,6 @@ start_ha_cluster() {
         say "the HA layout has no primary with a synchronous standby after 180 s (leader $leader, sync standby $sync; see $LOGS/ha-node-*.log)"
         return 1
     fi
-    ha_patronictl_at "$HA" edit-config --apply "$HA/conf/dcs.yml" --force >/dev/null
     [ "$HA_BACKUPS" = 1 ] && ha_backup_setup
     say "HA layout up ($HA_REPLICATION replication): primary $leader, standby $sync, 127.0.0.1:$PRIMARY"
     echo "postgres://postgres@127.0.0.1:$PRIMARY"
