@@ -8,10 +8,8 @@
 //! - [`process`]: the process's memory, CPU, file descriptors and start time on `/metrics`.
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
 //!
-//! The model (conversion, validation, normalization, messages, error codes, ids) is the crate
-//! `intake-model`, re-exported here so that `intake_common::validate` and the like still name it.
-
-pub use intake_model::{conversion, conversions_on_conflict, error, ids, in_workspace, message, normalize, validate};
+//! The model (conversion, validation, normalization, messages, error codes, ids) is not here: it
+//! is the crate `intake-model`, which the programs name as `intake_model`.
 
 pub mod config;
 #[cfg(feature = "service")]

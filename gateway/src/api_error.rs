@@ -1,8 +1,8 @@
 //! Every error the API answers, mapped to its status, code, body and headers in this one place.
 
 use crate::response::{json, Response};
-use intake_common::error::{ErrorCode, FieldError};
-use intake_common::validate::Invalid;
+use intake_model::error::{ErrorCode, FieldError};
+use intake_model::validate::Invalid;
 use serde::Serialize;
 
 /// The realm of the API keys' Bearer scheme (RFC 6750).

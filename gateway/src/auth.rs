@@ -8,7 +8,7 @@
 use crate::api_error::ApiError;
 use crate::metrics::{CacheLabels, CacheResult, Metrics};
 use crate::sink::BoxFuture;
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use moka::future::Cache;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;

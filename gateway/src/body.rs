@@ -10,7 +10,7 @@ use crate::request_body::RequestBody;
 use bytes::Bytes;
 use flate2::read::GzDecoder;
 use http_body_util::{BodyExt, Limited};
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use std::io::Read;
 use std::time::Duration;
 

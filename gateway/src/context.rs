@@ -4,7 +4,7 @@
 
 use crate::api_error::ApiError;
 use crate::auth::Principal;
-use intake_common::ids;
+use intake_model::ids;
 use std::sync::{Arc, OnceLock};
 
 #[derive(Clone)]

@@ -12,10 +12,10 @@ use crate::response::{json, Response};
 use crate::sink::{ChunkedWrite, WriteError};
 use crate::state::AppState;
 use intake_common::config::now_ms;
-use intake_common::conversion::{Conversion, ValidConversion, Warning};
-use intake_common::error::ErrorCode;
-use intake_common::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
-use intake_common::validate::{validate_batch, validate_conversion, Json};
+use intake_model::conversion::{Conversion, ValidConversion, Warning};
+use intake_model::error::ErrorCode;
+use intake_model::message::{ItemResult, WriteResult, MAX_CHUNK_ITEMS};
+use intake_model::validate::{validate_batch, validate_conversion, Json};
 use serde::Serialize;
 
 pub async fn single(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {

@@ -23,7 +23,7 @@ use crate::response::{Response, RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_
 use crate::routes::Route;
 use crate::sink::BoxFuture;
 use crate::state::AppState;
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;

@@ -29,7 +29,7 @@ mod writes;
 
 use clap::Parser;
 use intake_common::config::{init_logging, DatabaseArgs, KafkaArgs, LogArgs};
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use parse_errors::OnRefusedHead;
 use prometheus_client::metrics::gauge::Gauge;
 use routes::Route;

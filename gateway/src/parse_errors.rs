@@ -11,7 +11,7 @@
 
 use crate::api_error::ApiError;
 use bytes::{Buf, Bytes};
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;

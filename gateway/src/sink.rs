@@ -4,8 +4,8 @@
 //! database.
 
 use crate::overload::WorkspaceTicket;
-use intake_common::conversion::Conversion;
-use intake_common::message::ItemResult;
+use intake_model::conversion::Conversion;
+use intake_model::message::ItemResult;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -52,9 +52,9 @@ pub use memory::{MemorySink, Outcome};
 #[cfg(test)]
 mod memory {
     use super::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
-    use intake_common::conversion::Conversion;
-    use intake_common::ids;
-    use intake_common::message::{ItemResult, WriteResult};
+    use intake_model::conversion::Conversion;
+    use intake_model::ids;
+    use intake_model::message::{ItemResult, WriteResult};
     use std::collections::HashMap;
     use std::sync::Mutex;
 

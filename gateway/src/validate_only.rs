@@ -11,8 +11,8 @@ use crate::request_body::RequestBody;
 use crate::response::{json, Response};
 use crate::state::AppState;
 use intake_common::config::now_ms;
-use intake_common::conversion::Warning;
-use intake_common::validate::validate_batch;
+use intake_model::conversion::Warning;
+use intake_model::validate::validate_batch;
 use serde::Serialize;
 
 pub async fn batch(state: &AppState, request: http::Request<RequestBody>) -> Result<Response, ApiError> {

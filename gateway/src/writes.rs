@@ -7,10 +7,10 @@ use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
 use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
 use intake_common::config::{now_ms, KafkaArgs};
-use intake_common::ids;
 use intake_common::kafka;
 use intake_common::kafka_errors::{ConsumeErrors, QuietContext};
-use intake_common::message::{
+use intake_model::ids;
+use intake_model::message::{
     ChainMerge, ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1,
 };
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -333,7 +333,7 @@ fn follow_merges(earlier: &mut [Vec<ItemResult>], merged: &[ChainMerge]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use intake_common::message::WriteResult;
+    use intake_model::message::WriteResult;
 
     fn answered(chain: &str) -> ItemResult {
         ItemResult {

@@ -825,7 +825,7 @@ pub async fn stored_fields(
     let sql = format!(
         "SELECT ARRAY[{}] FROM conversions WHERE {} AND event = $2 AND external_id = $3",
         list.join(", "),
-        intake_common::in_workspace!()
+        intake_model::in_workspace!()
     );
     sqlx::query_scalar(&sql)
         .bind(workspace_id)
@@ -1147,8 +1147,8 @@ impl Drop for KafkaCluster {
 
 /// What the writers told the gateways: each applied chunk's results by correlation id, as the
 /// replies topic holds them (within its retention).
-pub fn replies_told(topic: &str) -> std::collections::HashMap<String, Vec<intake_common::message::ItemResult>> {
-    use intake_common::message::{ChunkOutcome, WriteReply};
+pub fn replies_told(topic: &str) -> std::collections::HashMap<String, Vec<intake_model::message::ItemResult>> {
+    use intake_model::message::{ChunkOutcome, WriteReply};
     topic_contents(topic)
         .lines()
         .filter_map(|line| match WriteReply::from_slice(line.as_bytes()) {
@@ -1174,18 +1174,18 @@ pub struct ToldCheck {
 
 pub async fn check_told(
     db: &sqlx::PgPool,
-    told: &std::collections::HashMap<String, Vec<intake_common::message::ItemResult>>,
+    told: &std::collections::HashMap<String, Vec<intake_model::message::ItemResult>>,
 ) -> ToldCheck {
     let ids: Vec<&str> = told.keys().map(String::as_str).collect();
     let mut check = ToldCheck::default();
     for page in ids.chunks(5_000) {
-        let rows: Vec<(String, sqlx::types::Json<Vec<intake_common::message::ItemResult>>)> =
+        let rows: Vec<(String, sqlx::types::Json<Vec<intake_model::message::ItemResult>>)> =
             sqlx::query_as("SELECT correlation_id, results FROM applied_messages WHERE correlation_id = ANY($1)")
                 .bind(page)
                 .fetch_all(db)
                 .await
                 .unwrap_or_else(|e| panic!("reading applied_messages: {e}"));
-        let recorded: std::collections::HashMap<String, Vec<intake_common::message::ItemResult>> =
+        let recorded: std::collections::HashMap<String, Vec<intake_model::message::ItemResult>> =
             rows.into_iter().map(|(id, results)| (id, results.0)).collect();
         for id in page {
             match recorded.get(*id) {
@@ -1522,8 +1522,8 @@ pub async fn produce_request_with_deadline(
     input: &Value,
     deadline_ms: i64,
 ) -> String {
-    use intake_common::message::{WriteRequest, WriteRequestV1};
-    let conversion = intake_common::validate::validate_conversion(&input.into(), now_ms())
+    use intake_model::message::{WriteRequest, WriteRequestV1};
+    let conversion = intake_model::validate::validate_conversion(&input.into(), now_ms())
         .unwrap_or_else(|e| panic!("invalid test input: {e:?}"))
         .conversion;
     let correlation_id = format!("test-{}", ulid::Ulid::new());

@@ -259,7 +259,7 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
 
     // The erasure itself, in the workspace of 190k conversions and visits: one person's five
     // conversions (one email address), stored in months apart, and their visits.
-    let person = intake_common::normalize::email_hash("someone@example.com").unwrap_or_else(|| unreachable!());
+    let person = intake_model::normalize::email_hash("someone@example.com").unwrap_or_else(|| unreachable!());
     sqlx::query(
         "UPDATE conversions SET email_digest = decode($1, 'hex') WHERE id IN ('cv_2', 'cv_2002', 'cv_4002', 'cv_6002', 'cv_8002')",
     )

@@ -3,7 +3,7 @@
 //! read budget and keeps it in its group; incremental rebalancing is refused; a worker that dies
 //! is restarted; a workspace held elsewhere for too long makes the writer unready.
 
-use intake_common::message::{WriteRequest, WriteRequestV1};
+use intake_model::message::{WriteRequest, WriteRequestV1};
 use intake_tests::serde_json::{json, Value};
 use intake_tests::*;
 use std::process::{Command, Stdio};
@@ -54,7 +54,7 @@ fn backlog(workspaces: &[TestKey], messages: usize) -> (Vec<(String, Vec<u8>)>, 
             let conversions = (0..100)
                 .map(|i| {
                     let input = large_item(&format!("backlog-{n}-{i}"));
-                    intake_common::validate::validate_conversion(&(&input).into(), now_ms())
+                    intake_model::validate::validate_conversion(&(&input).into(), now_ms())
                         .unwrap_or_else(|e| panic!("invalid backlog item: {e:?}"))
                         .conversion
                 })

@@ -287,7 +287,7 @@ async fn dlq_inspect_shows_reasons_and_sources_but_no_identifier() {
     assert_eq!(letter["workspace_id"], json!("ws_missing_workspace"));
     assert_eq!(letter["items"], json!(1));
     assert!(letter["age_seconds"].as_i64().is_some_and(|age| age >= 0));
-    let email_hash = intake_common::normalize::email_hash("dead.letter@example.com")
+    let email_hash = intake_model::normalize::email_hash("dead.letter@example.com")
         .map(|h| h.as_str().to_owned())
         .unwrap_or_default();
     assert!(!inspected.to_string().contains(&email_hash), "no hash is printed");

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 const PREVIOUS_INSERT: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at, value)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', $3, now(), $4::numeric) ",
-    intake_common::conversions_on_conflict!(old_shape "(workspace_id, event, external_id)")
+    intake_model::conversions_on_conflict!(old_shape "(workspace_id, event, external_id)")
 );
 
 /// The key of migration 0024.
@@ -35,7 +35,7 @@ macro_rules! hash_key {
 const INSERT: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id, occurred_at, value)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', $3, now(), $4::numeric) ",
-    intake_common::conversions_on_conflict!(old_shape hash_key!())
+    intake_model::conversions_on_conflict!(old_shape hash_key!())
 );
 
 async fn insert(db: &PgPool, statement: &str, id: &str, external_id: &str, parent: Option<&str>, value: &str) {
@@ -61,7 +61,7 @@ async fn try_insert(
 async fn related(db: &PgPool, ids: &[&str], parents: &[&str]) -> Vec<(String, Option<String>, String)> {
     let rows: Vec<(String, Option<String>, String)> = sqlx::query_as(concat!(
         "SELECT external_id, parent_external_id, value::text FROM conversions WHERE ",
-        intake_common::in_workspace!(),
+        intake_model::in_workspace!(),
         " AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))
          ORDER BY external_id"
     ))
@@ -156,14 +156,14 @@ async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_
 const PREVIOUS_INSERT_WITH_EMAIL: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_sha256)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', now(), $3) ",
-    intake_common::conversions_on_conflict!(old_shape hash_key!())
+    intake_model::conversions_on_conflict!(old_shape hash_key!())
 );
 
 /// This version's: the digest as its bytes (migration 0036).
 const INSERT_WITH_EMAIL: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_digest)
      VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', now(), decode($3, 'hex')) ",
-    intake_common::conversions_on_conflict!()
+    intake_model::conversions_on_conflict!()
 );
 
 const STORED: i64 = 30_000;
@@ -317,7 +317,7 @@ impl Writes {
 
 fn email_hash(n: u64) -> String {
     let email = format!("person-{n}@example.com");
-    intake_common::normalize::email_hash(&email).map(|h| h.as_str().to_owned()).unwrap_or_default()
+    intake_model::normalize::email_hash(&email).map(|h| h.as_str().to_owned()).unwrap_or_default()
 }
 
 async fn scalar(db: &PgPool, sql: &str) -> i64 {

@@ -23,8 +23,8 @@ pub async fn create_workspace(db: &Database, new: NewWorkspace) -> anyhow::Resul
     if !["any", "listed"].contains(&new.site_restriction.as_str()) {
         bail!("--site-restriction must be any or listed");
     }
-    let id = intake_common::ids::workspace_id();
-    let project_id = new.project_id.unwrap_or_else(|| intake_common::ids::new_id("prj_"));
+    let id = intake_model::ids::workspace_id();
+    let project_id = new.project_id.unwrap_or_else(|| intake_model::ids::new_id("prj_"));
     let mut connection = db.pool.acquire().await?;
     let mut tx = connection.begin().await?;
     sqlx::query("INSERT INTO workspaces (id, name, project_id, site_restriction) VALUES ($1, $2, $3, $4)")
@@ -77,7 +77,7 @@ pub async fn create_key(db: &Database, workspace_id: &str, scopes: &[String]) ->
     if let Some(unknown) = scopes.iter().find(|scope| !SCOPES.contains(&scope.as_str())) {
         bail!("unknown scope {unknown:?}; scopes are {}", SCOPES.join(", "));
     }
-    let id = intake_common::ids::key_id();
+    let id = intake_model::ids::key_id();
     let secret = format!("{KEY_PREFIX}{}", Alphanumeric.sample_string(&mut rand::rngs::OsRng, KEY_RANDOM_CHARS));
     let mut connection = db.pool.acquire().await?;
     let inserted = sqlx::query(

@@ -20,7 +20,7 @@ use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
 use crate::store::{Chunk, Database, Fence, Lock, Run, WorkspaceRun};
-use intake_common::message::{ChunkOutcome, ErasureV1, RequestPart, WriteRequestV1};
+use intake_model::message::{ChunkOutcome, ErasureV1, RequestPart, WriteRequestV1};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -660,7 +660,7 @@ pub mod testing {
     use crate::outbox::testing::MemorySender;
     use crate::schedule::Queued;
     use crate::store::Applied;
-    use intake_common::message::{ItemResult, WriteResult};
+    use intake_model::message::{ItemResult, WriteResult};
     use std::collections::HashSet;
     use std::sync::Mutex;
 
@@ -862,7 +862,7 @@ mod tests {
     use super::*;
     use crate::inbox::testing::{message, raw, request, RecordedPartitions};
     use crate::metrics;
-    use intake_common::message::WriteRequest;
+    use intake_model::message::WriteRequest;
 
     fn reply(correlation_id: &str, partition: i32, status: &str) -> (String, Option<i32>, String) {
         (correlation_id.to_owned(), Some(partition), status.to_owned())
@@ -894,7 +894,7 @@ mod tests {
     #[tokio::test]
     async fn an_erasure_read_from_the_topic_is_applied_in_its_workspaces_order_and_answered_to_nobody() {
         let rig = rig(Duration::from_secs(60), None);
-        let erasure = intake_common::message::WriteRequest::Erasure(ErasureV1 {
+        let erasure = intake_model::message::WriteRequest::Erasure(ErasureV1 {
             workspace_id: "ws_a".into(),
             kind: "email".into(),
             value: "ab".repeat(32),

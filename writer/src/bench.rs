@@ -10,8 +10,8 @@
 //! ids and parent links (a suffix per round), so that every round writes new conversions.
 
 use crate::store::{self, Database};
-use intake_common::conversion::{Conversion, ExternalId};
-use intake_common::message::WriteRequestV1;
+use intake_model::conversion::{Conversion, ExternalId};
+use intake_model::message::WriteRequestV1;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -105,7 +105,7 @@ mod tests {
         let items = items
             .iter()
             .map(|i| {
-                intake_common::validate::validate_conversion(&i.into(), intake_common::config::now_ms())
+                intake_model::validate::validate_conversion(&i.into(), intake_common::config::now_ms())
                     .map(|v| v.conversion)
             })
             .collect::<Result<Vec<_>, _>>()

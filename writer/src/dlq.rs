@@ -5,7 +5,7 @@
 use intake_common::config::{now_ms, KafkaArgs};
 use intake_common::kafka;
 use intake_common::kafka_errors::QuietContext;
-use intake_common::message::WriteRequest;
+use intake_model::message::WriteRequest;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};

@@ -9,7 +9,7 @@
 //! still refuses every chunk appended after the gateway gave up. A broker clock ahead only
 //! refuses more chunks, each answered 500: none that was acknowledged.
 
-use intake_common::message::WriteRequestV1;
+use intake_model::message::WriteRequestV1;
 use rdkafka::message::{Message, Timestamp};
 
 pub fn expired(message: &impl Message, request: &WriteRequestV1) -> bool {

@@ -6,8 +6,8 @@
 
 use crate::expiry;
 use crate::metrics::{self, Metrics};
-use intake_common::conversion::Conversion;
-use intake_common::message::{ChunkOutcome, ErasureV1, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
+use intake_model::conversion::Conversion;
+use intake_model::message::{ChunkOutcome, ErasureV1, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 use std::future::Future;
@@ -216,7 +216,7 @@ pub mod testing {
     //! Messages and a consumer double for the stages' tests.
 
     use super::{Admission, Partitions};
-    use intake_common::message::{RequestPart, WriteRequest, WriteRequestV1};
+    use intake_model::message::{RequestPart, WriteRequest, WriteRequestV1};
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
     use std::sync::Mutex;
 

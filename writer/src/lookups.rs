@@ -266,7 +266,7 @@ pub const RELATED_CONVERSIONS: &str = concat!(
            country, value::text AS value, currency, hdyhau, tags
       FROM conversions
      WHERE ",
-    intake_common::in_workspace!(),
+    intake_model::in_workspace!(),
     "
        AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))"
 );

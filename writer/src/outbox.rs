@@ -7,7 +7,7 @@ use crate::inbox::{Body, BoxFuture, Inbound};
 use crate::metrics::{self, Metrics};
 use crate::retry::{shutdown_asked, Classify, Failure, Interrupted, Policy, Stop};
 use intake_common::kafka_errors::QuietContext;
-use intake_common::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
+use intake_model::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -447,7 +447,7 @@ mod tests {
     use super::testing::MemorySender;
     use super::*;
     use crate::inbox::testing::{message, raw, request};
-    use intake_common::message::WriteRequest;
+    use intake_model::message::WriteRequest;
     use rdkafka::types::RDKafkaErrorCode;
 
     fn outbox(sender: Arc<MemorySender>) -> Outbox {

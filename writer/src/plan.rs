@@ -3,9 +3,9 @@
 //! of docs/api.md, "Chains". The store fetches the related rows, calls [`plan_chunk`], and writes
 //! the plan with a fixed number of statements.
 
-use intake_common::conversion::Conversion;
-use intake_common::ids;
-use intake_common::message::{ChainMerge, ItemResult, WriteResult};
+use intake_model::conversion::Conversion;
+use intake_model::ids;
+use intake_model::message::{ChainMerge, ItemResult, WriteResult};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The stored values of a conversion that a send can change.

@@ -6,10 +6,10 @@ use crate::expiry;
 use crate::store::{self, Database};
 use anyhow::{bail, Context};
 use intake_common::config::KafkaArgs;
-use intake_common::conversion::Conversion;
 use intake_common::kafka;
 use intake_common::kafka_errors::QuietContext;
-use intake_common::message::{WriteRequest, WriteRequestV1};
+use intake_model::conversion::Conversion;
+use intake_model::message::{WriteRequest, WriteRequestV1};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -299,7 +299,7 @@ async fn without_newer(pool: &PgPool, request: &WriteRequestV1) -> anyhow::Resul
         "SELECT c.event, c.external_id FROM conversions c
            JOIN unnest($2::text[], $3::text[]) AS i(event, external_id) USING (event, external_id)
           WHERE ",
-        intake_common::in_workspace!("c."),
+        intake_model::in_workspace!("c."),
         " AND c.updated_at > 'epoch'::timestamptz + $4 * interval '1 millisecond'"
     ))
     .bind(&request.workspace_id)

@@ -10,9 +10,9 @@ use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use crate::retry::{Classify, Failure};
-use intake_common::conversion::Conversion;
-use intake_common::ids::Seed;
-use intake_common::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
+use intake_model::conversion::Conversion;
+use intake_model::ids::Seed;
+use intake_model::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
 use prometheus_client::metrics::gauge::Gauge;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -177,7 +177,7 @@ macro_rules! write_chunk {
                           contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau,
                           tags)
                  ",
-            intake_common::conversions_on_conflict!(),
+            intake_model::conversions_on_conflict!(),
             ")
              SELECT 1"
         )
@@ -735,7 +735,7 @@ impl<'a> Matching<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use intake_common::message::RequestPart;
+    use intake_model::message::RequestPart;
 
     fn chunk(request: Option<(&str, u32)>) -> WriteRequestV1 {
         WriteRequestV1 {

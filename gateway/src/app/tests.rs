@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use intake_common::error::ErrorCode;
+use intake_model::error::ErrorCode;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::pin::Pin;

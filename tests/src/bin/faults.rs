@@ -738,7 +738,7 @@ async fn email_cleared(workspace: &str, external_id: &str) -> bool {
         .unwrap_or_else(|e| panic!("{e}"));
     let hash: Option<Option<String>> = sqlx::query_scalar(concat!(
         "SELECT encode(email_digest, 'hex') FROM conversions WHERE ",
-        intake_common::in_workspace!(),
+        intake_model::in_workspace!(),
         " AND external_id = $2"
     ))
     .bind(workspace)
@@ -997,7 +997,7 @@ async fn self_check(traffic: &Traffic) -> bool {
         .unwrap_or_else(|e| panic!("{e}"));
     let deleted = sqlx::query(concat!(
         "WITH gone AS (DELETE FROM conversions WHERE ",
-        intake_common::in_workspace!(),
+        intake_model::in_workspace!(),
         " AND external_id = $2 RETURNING id)
          DELETE FROM conversion_matches WHERE conversion_id IN (SELECT id FROM gone)"
     ))

@@ -461,7 +461,7 @@ async fn main() {
         for (key, ids) in load.keys.iter().zip(&ledger) {
             let stored: i64 = sqlx::query_scalar(concat!(
                 "SELECT count(*) FROM conversions WHERE ",
-                intake_common::in_workspace!(),
+                intake_model::in_workspace!(),
                 " AND external_id = ANY($2)"
             ))
             .bind(&key.workspace_id)

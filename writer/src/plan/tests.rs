@@ -1,5 +1,5 @@
 use super::*;
-use intake_common::validate::validate_conversion;
+use intake_model::validate::validate_conversion;
 use serde_json::{json, Value};
 
 const NOW_MS: i64 = 1_780_000_000_000;

@@ -14,8 +14,8 @@
 use crate::bodies::{Generator, BATCH_ITEMS};
 use crate::machine::Roles;
 use crate::measure::{Measured, Recorder};
-use intake_common::message::{WriteRequestV1, MAX_CHUNK_ITEMS};
-use intake_common::validate::Json;
+use intake_model::message::{WriteRequestV1, MAX_CHUNK_ITEMS};
+use intake_model::validate::Json;
 use intake_tests::serde_json::{self, Value};
 use intake_tests::{Stack, TestKey};
 use std::path::Path;
@@ -30,7 +30,7 @@ fn prepare_batches(keys: &[TestKey], batches: usize, dir: &Path) -> anyhow::Resu
     for b in 0..batches {
         let body = generator.batch((b * BATCH_ITEMS) as u64, BATCH_ITEMS);
         let items =
-            intake_common::validate::validate_batch(&Json::parse(&body)?, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            intake_model::validate::validate_batch(&Json::parse(&body)?, now).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let conversions = items
             .into_iter()
             .map(|item| item.map(|v| v.conversion))
@@ -131,7 +131,7 @@ SELECT 'cnv_' || u, ", $ws, ", CASE WHEN g % 3 = 1 THEN 'purchase' ELSE 'lead' E
        ", $open, "md5(u || 'a') || md5(u || 'A')", $close, ", 'US', 129.90, 'USD', '{\"plan\": \"pro\"}'
   FROM generated
 ",
-            intake_common::conversions_on_conflict!($($conflict)*),
+            intake_model::conversions_on_conflict!($($conflict)*),
             ";\n"
         )
     };

@@ -96,7 +96,7 @@ mod tests {
         assert_eq!(items.len(), BATCH_ITEMS);
         let now = intake_tests::now_ms();
         for item in &items {
-            let valid = intake_common::validate::validate_conversion(&item.into(), now);
+            let valid = intake_model::validate::validate_conversion(&item.into(), now);
             assert!(valid.is_ok(), "{item}: {valid:?}");
             for field in ["visitor_id", "click_id", "contact_id", "email", "phone", "address"] {
                 assert!(item.get(field).is_some(), "{field} missing in {item}");
@@ -117,7 +117,7 @@ mod tests {
     #[test]
     fn the_invalid_body_is_refused_by_validation() {
         let body = invalid_single();
-        let body = intake_common::validate::Json::parse(&body).unwrap_or(intake_common::validate::Json::Null);
-        assert!(intake_common::validate::validate_conversion(&body, intake_tests::now_ms()).is_err());
+        let body = intake_model::validate::Json::parse(&body).unwrap_or(intake_model::validate::Json::Null);
+        assert!(intake_model::validate::validate_conversion(&body, intake_tests::now_ms()).is_err());
     }
 }

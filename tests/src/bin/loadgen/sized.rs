@@ -307,7 +307,7 @@ async fn check_disk(db: &PgPool, rows: u64, copies: u64) -> anyhow::Result<()> {
 /// held (its own log line), and the writes' latency meanwhile.
 pub async fn erase_in_largest(stack: &Stack, preloaded: &Preloaded) -> anyhow::Result<Value> {
     let email = "erase.me@example.com";
-    let hash = intake_common::normalize::email_hash(email).ok_or_else(|| anyhow::anyhow!("email hash"))?;
+    let hash = intake_model::normalize::email_hash(email).ok_or_else(|| anyhow::anyhow!("email hash"))?;
     let ws = workspace_id(0);
     let ids: Vec<String> = (0..5).map(|k| format!("cnv_s0_{}", 1 + k * (preloaded.loaded[0] / 5).max(1))).collect();
     sqlx::query("UPDATE conversions SET email_digest = decode($1, 'hex') WHERE id = ANY($2)")

@@ -459,7 +459,7 @@ async fn missing(db: &sqlx::PgPool, keys: &[TestKey], acked: &[(usize, String)])
             let ids: Vec<&str> = acked.iter().filter(|(w, _)| *w == index).map(|(_, id)| id.as_str()).collect();
             let stored: HashSet<String> = sqlx::query_scalar(concat!(
                 "SELECT external_id FROM conversions WHERE ",
-                intake_common::in_workspace!(),
+                intake_model::in_workspace!(),
                 " AND external_id = ANY($2)"
             ))
             .bind(&key.workspace_id)
