@@ -1,0 +1,52 @@
+//! `intake-writer key`.
+
+use intake_common::config::DatabaseArgs;
+use intake_writer::admin;
+use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::store::{self, Database};
+use prometheus_client::metrics::counter::Counter;
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: KeyCommand,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub durability: DurabilityArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum KeyCommand {
+    /// Prints {"id": "key_...", "secret": "svc_live_...", "scopes": [...]}; the secret is shown only here.
+    Create {
+        #[arg(long)]
+        workspace: String,
+        #[arg(long, value_delimiter = ',', default_value = "workspace:read,conversions:write")]
+        scopes: Vec<String>,
+    },
+    Revoke {
+        id: String,
+    },
+    /// Prints {"keys": [{id, scopes, created_at, revoked}]}; never a secret.
+    List {
+        #[arg(long)]
+        workspace: String,
+    },
+}
+
+pub async fn execute(args: Args) -> anyhow::Result<Value> {
+    let Args { command, database, durability } = args;
+    let pool = store::connect(&database.url, 1).await?;
+    let db = Database {
+        pool,
+        durability: Durability::new(&database.url, &durability, Counter::default())?,
+        schema_behind: Default::default(),
+    };
+    match command {
+        KeyCommand::Create { workspace, scopes } => admin::create_key(&db, &workspace, &scopes).await,
+        KeyCommand::Revoke { id } => admin::revoke_key(&db, &id).await,
+        KeyCommand::List { workspace } => admin::list_keys(&db.pool, &workspace).await,
+    }
+}

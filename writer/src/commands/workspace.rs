@@ -1,0 +1,63 @@
+//! `intake-writer workspace`.
+
+use intake_common::config::DatabaseArgs;
+use intake_writer::admin;
+use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::store::{self, Database};
+use prometheus_client::metrics::counter::Counter;
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: WorkspaceCommand,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub durability: DurabilityArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum WorkspaceCommand {
+    /// Prints {"workspaces": [...]}.
+    List,
+    /// Prints {"id": "ws_..."}.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        project_id: Option<String>,
+        #[arg(long, default_value = "any")]
+        site_restriction: String,
+        #[arg(long = "site")]
+        sites: Vec<String>,
+    },
+    Suspend {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
+}
+
+pub async fn execute(args: Args) -> anyhow::Result<Value> {
+    let Args { command, database, durability } = args;
+    let pool = store::connect(&database.url, 1).await?;
+    let db = Database {
+        pool,
+        durability: Durability::new(&database.url, &durability, Counter::default())?,
+        schema_behind: Default::default(),
+    };
+    match command {
+        WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
+            admin::create_workspace(&db, admin::NewWorkspace { name, project_id, site_restriction, sites }).await
+        }
+        WorkspaceCommand::List => admin::list_workspaces(&db.pool).await,
+        WorkspaceCommand::Suspend { id } => admin::change_workspace(&db, &id, admin::WorkspaceChange::Suspend).await,
+        WorkspaceCommand::Resume { id } => admin::change_workspace(&db, &id, admin::WorkspaceChange::Resume).await,
+        WorkspaceCommand::Delete { id } => admin::change_workspace(&db, &id, admin::WorkspaceChange::Delete).await,
+    }
+}

@@ -1,0 +1,35 @@
+//! The writer as a library: the consumer, scheduler and workers, the SQL of a chunk, the retry
+//! policy and what the operator commands do. The `intake-writer` binary (main.rs and
+//! commands/) is its command line; the benchmark's `direct_apply` baseline (bench/) links it to
+//! time the apply path alone, without shipping a benchmark inside the production binary.
+
+pub mod admin;
+mod apply;
+pub mod bench;
+pub mod consume;
+pub mod dlq;
+pub mod durability;
+pub mod erase;
+mod expiry;
+pub mod health;
+mod inbox;
+mod lookups;
+// Metrics::new builds the whole registry, process metrics included: no Default, so that none is
+// built in passing by a `..Default::default()`.
+#[allow(clippy::new_without_default)]
+pub mod metrics;
+pub mod migrations;
+pub mod ops;
+mod outbox;
+pub mod partitions;
+mod plan;
+mod positions;
+mod read;
+pub mod replay;
+pub mod restore;
+mod retention;
+pub mod retry;
+mod rewind;
+mod schedule;
+pub mod store;
+pub mod topics;
