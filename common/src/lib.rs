@@ -5,6 +5,7 @@
 //! - [`service`]: the shutdown signal (feature `service`).
 //! - [`systemd`]: readiness and the watchdog for a unit of `Type=notify` (feature `service`).
 //! - [`config`]: the settings both programs take (database, Kafka, logging).
+//! - [`metrics`]: the `/metrics` registry of either service, its build info and its text.
 //! - [`process`]: the process's memory, CPU, file descriptors and start time on `/metrics`.
 //! - [`reference`]: the configuration reference rendered from the clap definitions.
 //!
@@ -17,6 +18,7 @@ pub mod kafka;
 #[cfg(feature = "service")]
 pub mod kafka_errors;
 pub mod log_writer;
+pub mod metrics;
 pub mod process;
 pub mod reference;
 #[cfg(feature = "service")]

@@ -7,12 +7,12 @@
 use crate::response::Response;
 use bytes::Bytes;
 use http_body_util::Full;
-use prometheus_client::encoding::text::encode;
+use intake_common::metrics::{seconds_histogram, Registrar};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,79 +89,61 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        // The process metrics keep their standard names; the gateway's own go under its prefix.
-        let mut root = Registry::default();
-        intake_common::process::register(&mut root);
-        let registry = root.sub_registry_with_prefix("intake_gateway");
-        let seconds = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
-        let metrics = Metrics {
-            registry: Arc::new(Registry::default()),
-            requests: Family::default(),
-            latency: Family::new_with_constructor(seconds),
-            kafka_roundtrip: seconds(),
-            writes_in_flight: Gauge::default(),
-            writes_reading: Gauge::default(),
-            connections: Gauge::default(),
-            load_shed: Family::default(),
-            ratelimit_refused: Family::default(),
-            redis_fail_open: Counter::default(),
-            key_cache: Family::default(),
-            write_failures: Counter::default(),
-        };
-        // Which version each process runs, for rollouts one instance at a time.
-        registry.register(
-            "build",
-            "The program's version",
-            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
-        );
-        registry.register("requests", "HTTP requests by route and status", metrics.requests.clone());
-        registry.register("request_seconds", "HTTP request latency", metrics.latency.clone());
-        registry.register(
-            "kafka_roundtrip_seconds",
-            "From producing a chunk to its reply",
-            metrics.kafka_roundtrip.clone(),
-        );
-        registry.register(
-            "writes_in_flight",
-            "Write requests with their body in and not yet answered",
-            metrics.writes_in_flight.clone(),
-        );
-        registry.register(
-            "writes_reading",
-            "Write requests admitted whose body is being read (held against their workspace's share only)",
-            metrics.writes_reading.clone(),
-        );
-        registry.register(
-            "connections",
-            "API connections open, of either protocol (at most --max-connections; more wait to be accepted)",
-            metrics.connections.clone(),
-        );
-        registry.register(
-            "load_shed",
-            "Requests refused with 503 service_unavailable, by reason",
-            metrics.load_shed.clone(),
-        );
-        registry.register(
-            "ratelimit_refused",
-            "Requests refused with 429 rate_limited, by limit",
-            metrics.ratelimit_refused.clone(),
-        );
-        registry.register(
-            "redis_fail_open",
-            "Rate-limit checks let through because Redis did not answer",
-            metrics.redis_fail_open.clone(),
-        );
-        registry.register(
-            "key_cache",
-            "API key lookups by cache result (a miss is one PostgreSQL query)",
-            metrics.key_cache.clone(),
-        );
-        registry.register(
-            "write_failures",
-            "Writes answered 500 (Kafka, timeout or writer failure)",
-            metrics.write_failures.clone(),
-        );
-        Metrics { registry: Arc::new(root), ..metrics }
+        let mut r = Registrar::new("intake_gateway", env!("CARGO_PKG_VERSION"));
+        Metrics {
+            requests: r.register("requests", "HTTP requests by route and status", Family::default()),
+            latency: r.register(
+                "request_seconds",
+                "HTTP request latency",
+                Family::new_with_constructor(|| seconds_histogram(15)),
+            ),
+            kafka_roundtrip: r.register(
+                "kafka_roundtrip_seconds",
+                "From producing a chunk to its reply",
+                seconds_histogram(15),
+            ),
+            writes_in_flight: r.register(
+                "writes_in_flight",
+                "Write requests with their body in and not yet answered",
+                Gauge::default(),
+            ),
+            writes_reading: r.register(
+                "writes_reading",
+                "Write requests admitted whose body is being read (held against their workspace's share only)",
+                Gauge::default(),
+            ),
+            connections: r.register(
+                "connections",
+                "API connections open, of either protocol (at most --max-connections; more wait to be accepted)",
+                Gauge::default(),
+            ),
+            load_shed: r.register(
+                "load_shed",
+                "Requests refused with 503 service_unavailable, by reason",
+                Family::default(),
+            ),
+            ratelimit_refused: r.register(
+                "ratelimit_refused",
+                "Requests refused with 429 rate_limited, by limit",
+                Family::default(),
+            ),
+            redis_fail_open: r.register(
+                "redis_fail_open",
+                "Rate-limit checks let through because Redis did not answer",
+                Counter::default(),
+            ),
+            key_cache: r.register(
+                "key_cache",
+                "API key lookups by cache result (a miss is one PostgreSQL query)",
+                Family::default(),
+            ),
+            write_failures: r.register(
+                "write_failures",
+                "Writes answered 500 (Kafka, timeout or writer failure)",
+                Counter::default(),
+            ),
+            registry: Arc::new(r.finish()),
+        }
     }
 
     pub fn observe(&self, route: &'static str, status: u16, elapsed: Duration) {
@@ -175,13 +157,11 @@ impl Metrics {
     }
 
     pub fn render(&self) -> Response {
-        let mut text = String::new();
-        let _ = encode(&mut text, &self.registry);
+        let text = intake_common::metrics::encode(&self.registry);
         let mut response = http::Response::new(Full::new(Bytes::from(text)));
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        );
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(intake_common::metrics::CONTENT_TYPE));
         response
     }
 }

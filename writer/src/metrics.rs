@@ -1,10 +1,11 @@
 //! Prometheus metrics of the writer, served on its ops port (`ops.rs`).
 
+use intake_common::metrics::{seconds_histogram, Registrar};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
@@ -100,154 +101,117 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        // The process metrics keep their standard names; the writer's own go under its prefix.
-        let mut root = Registry::default();
-        intake_common::process::register(&mut root);
-        let registry = root.sub_registry_with_prefix("intake_writer");
-        let metrics = Metrics {
-            consumer_lag: Family::default(),
-            assigned_partitions: Gauge::default(),
-            group_members: Gauge::default(),
-            stalled: Gauge::default(),
-            messages: Family::default(),
-            items: Family::default(),
+        let mut r = Registrar::new("intake_writer", env!("CARGO_PKG_VERSION"));
+        Metrics {
+            consumer_lag: r.register(
+                "consumer_lag",
+                "Messages not yet applied, per assigned partition",
+                Family::default(),
+            ),
+            assigned_partitions: r.register(
+                "assigned_partitions",
+                "Partitions of the requests topic this writer holds",
+                Gauge::default(),
+            ),
+            group_members: r.register("group_members", "Writers in the consumer group", Gauge::default()),
+            stalled: r.register("stalled", "1 while partitions with lag make no progress", Gauge::default()),
+            last_outage_retry: r.register(
+                "last_outage_retry_seconds",
+                "Unix time of the last retry of an outage (PostgreSQL or Kafka away)",
+                Gauge::default(),
+            ),
+            messages: r.register("messages", "Request messages answered, by outcome", Family::default()),
+            items: r.register("items", "Conversions applied, by result", Family::default()),
             // 1 ms to 65.5 s: well past the statement timeout (--statement-timeout-ms, 15 s), so
             // that transactions near it are told apart instead of all landing in +Inf.
-            apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-            transient_retries: Family::default(),
-            last_outage_retry: Gauge::default(),
-            dead_lettered: Family::default(),
-            replies_dropped: Counter::default(),
-            applied_messages_rows: Gauge::default(),
-            workspace_waiting_seconds: Family::default(),
-            backlog: Gauge::default(),
-            paused_partitions: Gauge::default(),
-            backlog_bytes: Gauge::default(),
-            backlog_budget_bytes: Gauge::default(),
-            worker_restarts: Counter::default(),
-            shared_transactions_failed: Counter::default(),
-            unreplicated_commits: Counter::default(),
-            schema_behind: Gauge::default(),
-            lineage_changes: Counter::default(),
-            rewound_messages: Counter::default(),
-            reapplied_messages: Counter::default(),
-            rewind_lost_messages: Counter::default(),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "consumer_lag",
-            "Messages not yet applied, per assigned partition",
-            metrics.consumer_lag.clone(),
-        );
-        registry.register(
-            "assigned_partitions",
-            "Partitions of the requests topic this writer holds",
-            metrics.assigned_partitions.clone(),
-        );
-        registry.register("group_members", "Writers in the consumer group", metrics.group_members.clone());
-        registry.register("stalled", "1 while partitions with lag make no progress", metrics.stalled.clone());
-        registry.register(
-            "last_outage_retry_seconds",
-            "Unix time of the last retry of an outage (PostgreSQL or Kafka away)",
-            metrics.last_outage_retry.clone(),
-        );
-        registry.register("messages", "Request messages answered, by outcome", metrics.messages.clone());
-        registry.register("items", "Conversions applied, by result", metrics.items.clone());
-        registry.register("apply_seconds", "Time to apply one group of messages", metrics.apply_seconds.clone());
-        registry.register(
-            "transient_retries",
-            "Retries through an outage, by operation",
-            metrics.transient_retries.clone(),
-        );
-        registry.register(
-            "dead_lettered",
-            "Messages copied to the dead-letter topic, by reason",
-            metrics.dead_lettered.clone(),
-        );
-        registry.register(
-            "replies_dropped",
-            "Replies given up on after their deadline",
-            metrics.replies_dropped.clone(),
-        );
-        registry.register(
-            "applied_messages_rows",
-            "Rows of applied_messages (estimate)",
-            metrics.applied_messages_rows.clone(),
-        );
-        registry.register(
-            "workspace_waiting_seconds",
-            "How long a workspace whose lock is held elsewhere has waited",
-            metrics.workspace_waiting_seconds.clone(),
-        );
-        registry.register("backlog", "Messages read and not yet answered", metrics.backlog.clone());
-        registry.register(
-            "paused_partitions",
-            "Partitions paused by the read budget or a workspace beyond its share",
-            metrics.paused_partitions.clone(),
-        );
-        registry.register(
-            "backlog_bytes",
-            "Bytes of the messages read and not yet answered",
-            metrics.backlog_bytes.clone(),
-        );
-        registry.register(
-            "backlog_budget_bytes",
-            "The read budget: bytes of messages read and not yet answered at most",
-            metrics.backlog_budget_bytes.clone(),
-        );
-        registry.register(
-            "worker_restarts",
-            "Apply workers that died and were started again",
-            metrics.worker_restarts.clone(),
-        );
-        registry.register(
-            "shared_transactions_failed",
-            "Transactions of several workspaces that failed; their workspaces were set apart",
-            metrics.shared_transactions_failed.clone(),
-        );
-        registry.register(
-            "unreplicated_commits",
-            "Commits not confirmed flushed by a synchronous standby within the bound; retried, unanswered",
-            metrics.unreplicated_commits.clone(),
-        );
-        // Which version each process runs, for rollouts one instance at a time.
-        registry.register(
-            "build",
-            "The program's version",
-            prometheus_client::metrics::info::Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
-        );
-        registry.register(
-            "schema_behind",
-            "1 while the database lacks migrations this version uses (waiting for intake-writer migrate)",
-            metrics.schema_behind.clone(),
-        );
-        registry.register(
-            "lineage_changes",
-            "Connections that found the database on another timeline or system, or its positions gone back; each rewinds every partition",
-            metrics.lineage_changes.clone(),
-        );
-        registry.register(
-            "rewound_messages",
-            "Messages read again by rewinds to the database's positions",
-            metrics.rewound_messages.clone(),
-        );
-        registry.register(
-            "reapplied_messages",
-            "Messages a rewind read again that the database lacked, applied again",
-            metrics.reapplied_messages.clone(),
-        );
-        registry.register(
-            "rewind_lost_messages",
-            "Messages a rewind needed that the requests topic no longer holds",
-            metrics.rewind_lost_messages.clone(),
-        );
-        Metrics { registry: root, ..metrics }
+            apply_seconds: r.register("apply_seconds", "Time to apply one group of messages", seconds_histogram(17)),
+            transient_retries: r.register(
+                "transient_retries",
+                "Retries through an outage, by operation",
+                Family::default(),
+            ),
+            dead_lettered: r.register(
+                "dead_lettered",
+                "Messages copied to the dead-letter topic, by reason",
+                Family::default(),
+            ),
+            replies_dropped: r.register(
+                "replies_dropped",
+                "Replies given up on after their deadline",
+                Counter::default(),
+            ),
+            applied_messages_rows: r.register(
+                "applied_messages_rows",
+                "Rows of applied_messages (estimate)",
+                Gauge::default(),
+            ),
+            workspace_waiting_seconds: r.register(
+                "workspace_waiting_seconds",
+                "How long a workspace whose lock is held elsewhere has waited",
+                Family::default(),
+            ),
+            backlog: r.register("backlog", "Messages read and not yet answered", Gauge::default()),
+            paused_partitions: r.register(
+                "paused_partitions",
+                "Partitions paused by the read budget or a workspace beyond its share",
+                Gauge::default(),
+            ),
+            backlog_bytes: r.register(
+                "backlog_bytes",
+                "Bytes of the messages read and not yet answered",
+                Gauge::default(),
+            ),
+            backlog_budget_bytes: r.register(
+                "backlog_budget_bytes",
+                "The read budget: bytes of messages read and not yet answered at most",
+                Gauge::default(),
+            ),
+            worker_restarts: r.register(
+                "worker_restarts",
+                "Apply workers that died and were started again",
+                Counter::default(),
+            ),
+            shared_transactions_failed: r.register(
+                "shared_transactions_failed",
+                "Transactions of several workspaces that failed; their workspaces were set apart",
+                Counter::default(),
+            ),
+            unreplicated_commits: r.register(
+                "unreplicated_commits",
+                "Commits not confirmed flushed by a synchronous standby within the bound; retried, unanswered",
+                Counter::default(),
+            ),
+            schema_behind: r.register(
+                "schema_behind",
+                "1 while the database lacks migrations this version uses (waiting for intake-writer migrate)",
+                Gauge::default(),
+            ),
+            lineage_changes: r.register(
+                "lineage_changes",
+                "Connections that found the database on another timeline or system, or its positions gone back; each rewinds every partition",
+                Counter::default(),
+            ),
+            rewound_messages: r.register(
+                "rewound_messages",
+                "Messages read again by rewinds to the database's positions",
+                Counter::default(),
+            ),
+            reapplied_messages: r.register(
+                "reapplied_messages",
+                "Messages a rewind read again that the database lacked, applied again",
+                Counter::default(),
+            ),
+            rewind_lost_messages: r.register(
+                "rewind_lost_messages",
+                "Messages a rewind needed that the requests topic no longer holds",
+                Counter::default(),
+            ),
+            registry: r.finish(),
+        }
     }
 
     pub fn render(&self) -> String {
-        let mut text = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        intake_common::metrics::encode(&self.registry)
     }
 }
 

@@ -58,7 +58,7 @@ fn answer(health: &Health, path: &str) -> http::Response<Full<Bytes>> {
         },
         "/metrics" => {
             health.stalled(); // refreshes the stalled gauge
-            (200, "application/openmetrics-text; version=1.0.0; charset=utf-8", health.metrics.render())
+            (200, intake_common::metrics::CONTENT_TYPE, health.metrics.render())
         }
         _ => (404, "application/json", r#"{"error":"not found"}"#.to_owned()),
     };
