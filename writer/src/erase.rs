@@ -53,20 +53,7 @@ struct Person {
     phone_sha256: Option<String>,
 }
 
-/// Read by column name, as sqlx's derive would (the writer builds without sqlx's macros).
-impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for Person {
-    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
-        use sqlx::Row;
-        Ok(Person {
-            id: row.try_get("id")?,
-            visitor_id: row.try_get("visitor_id")?,
-            click_id: row.try_get("click_id")?,
-            contact_id: row.try_get("contact_id")?,
-            email_sha256: row.try_get("email_sha256")?,
-            phone_sha256: row.try_get("phone_sha256")?,
-        })
-    }
-}
+crate::store::from_row!(Person { id, visitor_id, click_id, contact_id, email_sha256, phone_sha256 });
 
 /// The identifiers of a set of conversions, as arrays to bind.
 #[derive(Default)]

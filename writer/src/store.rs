@@ -18,7 +18,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::query::QueryScalar;
 use sqlx::types::Json;
-use sqlx::{Connection, Postgres, Row, Transaction};
+use sqlx::{Connection, Postgres, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -571,38 +571,61 @@ async fn fetch_related(
     let mut ids_and_parents = external_ids.clone();
     ids_and_parents
         .extend(items.iter().filter_map(|item| item.conversion.parent_external_id.as_ref().map(|p| p.as_str())));
-    let rows = sqlx::query(lookups::RELATED_CONVERSIONS)
+    sqlx::query_as(lookups::RELATED_CONVERSIONS)
         .bind(workspace_id)
         .bind(&ids_and_parents)
         .bind(&external_ids)
         .fetch_all(&mut **tx)
-        .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(StoredConversion {
-                id: row.try_get("id")?,
-                event: row.try_get("event")?,
-                external_id: row.try_get("external_id")?,
-                chain_id: row.try_get("chain_id")?,
-                fields: Fields {
-                    parent_external_id: row.try_get("parent_external_id")?,
-                    occurred_at_ms: row.try_get("occurred_at_ms")?,
-                    visitor_id: row.try_get("visitor_id")?,
-                    click_id: row.try_get("click_id")?,
-                    contact_id: row.try_get("contact_id")?,
-                    email_sha256: row.try_get("email_sha256")?,
-                    phone_sha256: row.try_get("phone_sha256")?,
-                    address_sha256: row.try_get("address_sha256")?,
-                    country: row.try_get("country")?,
-                    value: row.try_get("value")?,
-                    currency: row.try_get("currency")?,
-                    hdyhau: row.try_get("hdyhau")?,
-                    tags: row.try_get::<Option<Json<BTreeMap<String, String>>>, _>("tags")?.map(|Json(tags)| tags),
-                },
-            })
-        })
-        .collect()
+        .await
 }
+
+/// Implements `sqlx::FromRow` for a struct, each field read from the column of its name, as
+/// sqlx's `#[derive(FromRow)]` would. Written by hand because the writer builds sqlx without its
+/// `macros` feature, which would bring its proc-macro crates into the build for a few structs.
+/// A field written `name: json` is read from a nullable JSON column into an `Option`, one written
+/// `name: flatten` from the same row by its own type's `FromRow`.
+macro_rules! from_row {
+    ($name:ident { $($field:ident $(: $how:ident)?),* $(,)? }) => {
+        impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for $name {
+            fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+                Ok($name { $($field: $crate::store::column!(row, $field $(, $how)?),)* })
+            }
+        }
+    };
+}
+
+macro_rules! column {
+    ($row:ident, $field:ident) => {
+        sqlx::Row::try_get($row, stringify!($field))?
+    };
+    ($row:ident, $field:ident, json) => {
+        sqlx::Row::try_get::<Option<sqlx::types::Json<_>>, _>($row, stringify!($field))?
+            .map(|sqlx::types::Json(value)| value)
+    };
+    ($row:ident, $field:ident, flatten) => {
+        sqlx::FromRow::from_row($row)?
+    };
+}
+
+pub(crate) use {column, from_row};
+
+from_row!(StoredConversion { id, event, external_id, chain_id, fields: flatten });
+
+from_row!(Fields {
+    parent_external_id,
+    occurred_at_ms,
+    visitor_id,
+    click_id,
+    contact_id,
+    email_sha256,
+    phone_sha256,
+    address_sha256,
+    country,
+    value,
+    currency,
+    hdyhau,
+    tags: json,
+});
 
 /// The message ids of a workspace's fresh chunks and their results, recorded with their write.
 struct Recorded<'a> {
