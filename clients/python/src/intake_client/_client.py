@@ -1,5 +1,7 @@
 """The HTTP clients, blocking and asyncio: one conversion, many in batches, validation, the
-workspace; with retries. Both share everything but the waiting and the I/O."""
+workspace; with retries. Both share everything but the waiting and the I/O: the options and their
+checks, the retry policy, and each operation, written once as a generator that yields the
+requests it makes and is given their answers (a client's `_run` does the I/O)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import random
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Generator, Generic, Iterable, Mapping, Self, TypeVar
 
 import httpx
 
@@ -36,6 +38,14 @@ _BACKOFF_STATUSES = frozenset({408})
 
 Conversions = Iterable[ConversionInput | Mapping[str, Any]]
 
+# A request an operation makes: method, path, body. It is sent the answer's body back.
+_Call = tuple[str, str, bytes | None]
+_T = TypeVar("_T")
+_Item = TypeVar("_Item", BatchItemResult, ValidationItemResult)
+_Http = TypeVar("_Http", httpx.Client, httpx.AsyncClient)
+# The waiting between tries: a blocking function, or a coroutine function.
+_Sleep = TypeVar("_Sleep")
+
 
 @dataclass
 class _Wait:
@@ -44,15 +54,18 @@ class _Wait:
     seconds: float
 
 
-class _Base:
+class _Base(Generic[_Http, _Sleep]):
     def __init__(
         self,
         base_url: str,
         api_key: str,
         *,
-        max_attempts: int,
-        backoff_initial: float,
-        backoff_max: float,
+        max_attempts: int = 5,
+        timeout: float = 30.0,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        http_client: _Http | None = None,
+        sleep: _Sleep | None = None,
     ) -> None:
         if not base_url:
             raise ValueError("base_url is required: the API's address ending in /v1")
@@ -69,6 +82,20 @@ class _Base:
             "Accept": "application/json",
             "User-Agent": f"intake-client-python/{__version__}",
         }
+        self._sleep: _Sleep = sleep if sleep is not None else self._default_sleep()
+        self._owns_http = http_client is None
+        self._http: _Http = http_client or self._new_http(timeout)
+
+    @classmethod
+    def from_env(cls, **options: Any) -> Self:
+        """A client from ``INTAKE_BASE_URL`` and ``INTAKE_API_KEY``."""
+        return cls(os.environ["INTAKE_BASE_URL"], os.environ["INTAKE_API_KEY"], **options)
+
+    def _new_http(self, timeout: float) -> _Http:
+        raise NotImplementedError
+
+    def _default_sleep(self) -> _Sleep:
+        raise NotImplementedError
 
     def _headers_for(self, body: bytes | None) -> dict[str, str]:
         return {**self._headers, "Content-Type": "application/json"} if body is not None else dict(self._headers)
@@ -112,38 +139,21 @@ def _validation_report(results: list[ValidationItemResult]) -> ValidationReport:
     return ValidationReport(results, ValidationSummary(valid=valid, failed=len(results) - valid))
 
 
-class IntakeClient(_Base):
+class IntakeClient(_Base[httpx.Client, Callable[[float], None]]):
     """A client of the intake API.
 
     ``base_url`` is the API's address ending in ``/v1`` (``https://intake.example.com/v1``).
     A request is tried at most ``max_attempts`` times: after a 429 or 503 it waits the
     ``Retry-After`` seconds, after a 408, another 5xx or a connection error an exponential
     backoff with jitter (``backoff_initial`` doubling up to ``backoff_max`` seconds).
-    ``timeout`` bounds each try (seconds)."""
+    ``timeout`` bounds each try (seconds). ``http_client`` is used instead of a client of its
+    own (and not closed); ``sleep`` waits between tries (``time.sleep`` when not given)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        max_attempts: int = 5,
-        timeout: float = 30.0,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        http_client: httpx.Client | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        super().__init__(
-            base_url, api_key, max_attempts=max_attempts, backoff_initial=backoff_initial, backoff_max=backoff_max
-        )
-        self._sleep = sleep
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=timeout)
+    def _new_http(self, timeout: float) -> httpx.Client:
+        return httpx.Client(timeout=timeout)
 
-    @classmethod
-    def from_env(cls, **options: Any) -> IntakeClient:
-        """A client from ``INTAKE_BASE_URL`` and ``INTAKE_API_KEY``."""
-        return cls(os.environ["INTAKE_BASE_URL"], os.environ["INTAKE_API_KEY"], **options)
+    def _default_sleep(self) -> Callable[[float], None]:
+        return time.sleep
 
     def close(self) -> None:
         if self._owns_http:
@@ -159,39 +169,33 @@ class IntakeClient(_Base):
 
     def send(self, conversion: ConversionInput | Mapping[str, Any]) -> ConversionResult:
         """Creates or updates one conversion; ``result`` says which (or ``unchanged``)."""
-        body = self._request("POST", "/conversions", to_json(conversion))
-        return ConversionResult.from_json(body["conversion"])
+        return self._run(_send(conversion))
 
     def send_many(self, conversions: Conversions, *, batch_size: int = MAX_BATCH_ITEMS) -> BatchReport:
         """Sends conversions in batches of at most ``batch_size`` items and 1 MiB, in order.
         Returns one result per item in input order, ``index`` counting over the whole input.
         Items fail on their own; an error of a whole batch (after its retries) is raised, and
         re-sending everything is then safe."""
-        results: list[BatchItemResult] = []
-        for part in batches(conversions, batch_size):
-            if isinstance(part, Oversized):
-                results.append(BatchItemResult(part.index, False, error=_oversized(part)))
-                continue
-            body = self._request("POST", "/conversions/batch", part.body())
-            results.extend(BatchItemResult.from_json(r, part.offset) for r in _results(body, part))
-        return _batch_report(results)
+        return _batch_report(self._run(_per_item(conversions, batch_size, "/conversions/batch", BatchItemResult)))
 
     def validate(self, conversions: Conversions, *, batch_size: int = MAX_BATCH_ITEMS) -> ValidationReport:
         """Validates and normalizes conversions without storing anything (the same batches as
         `send_many`). Per item: ``ok`` with the warnings a send would get, or the error."""
-        results: list[ValidationItemResult] = []
-        for part in batches(conversions, batch_size):
-            if isinstance(part, Oversized):
-                results.append(ValidationItemResult(part.index, False, error=_oversized(part)))
-                continue
-            body = self._request("POST", "/conversions/validate", part.body())
-            results.extend(ValidationItemResult.from_json(r, part.offset) for r in _results(body, part))
-        return _validation_report(results)
+        items = _per_item(conversions, batch_size, "/conversions/validate", ValidationItemResult)
+        return _validation_report(self._run(items))
 
     def get_workspace(self) -> Workspace:
         """The key's workspace (verifies the key; needs the scope ``workspace:read``)."""
-        body: Workspace = self._request("GET", "/workspace", None)
-        return body
+        return self._run(_get_workspace())
+
+    def _run(self, operation: Generator[_Call, Any, _T]) -> _T:
+        try:
+            call = next(operation)
+            while True:
+                call = operation.send(self._request(*call))
+        except StopIteration as done:
+            result: _T = done.value
+            return result
 
     def _request(self, method: str, path: str, body: bytes | None) -> Any:
         url = self.base_url + path
@@ -208,33 +212,16 @@ class IntakeClient(_Base):
             self._sleep(outcome.seconds)
 
 
-class AsyncIntakeClient(_Base):
-    """The same client for asyncio (``await client.send(...)``), with the same options; use it
-    as ``async with AsyncIntakeClient(...) as client`` or call ``aclose()``."""
+class AsyncIntakeClient(_Base[httpx.AsyncClient, Callable[[float], Awaitable[None]]]):
+    """The same client for asyncio (``await client.send(...)``), with the same options
+    (``sleep``: ``asyncio.sleep`` when not given); use it as
+    ``async with AsyncIntakeClient(...) as client`` or call ``aclose()``."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str,
-        *,
-        max_attempts: int = 5,
-        timeout: float = 30.0,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        http_client: httpx.AsyncClient | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        super().__init__(
-            base_url, api_key, max_attempts=max_attempts, backoff_initial=backoff_initial, backoff_max=backoff_max
-        )
-        self._sleep = sleep
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+    def _new_http(self, timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout)
 
-    @classmethod
-    def from_env(cls, **options: Any) -> AsyncIntakeClient:
-        """A client from ``INTAKE_BASE_URL`` and ``INTAKE_API_KEY``."""
-        return cls(os.environ["INTAKE_BASE_URL"], os.environ["INTAKE_API_KEY"], **options)
+    def _default_sleep(self) -> Callable[[float], Awaitable[None]]:
+        return asyncio.sleep
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -250,35 +237,30 @@ class AsyncIntakeClient(_Base):
 
     async def send(self, conversion: ConversionInput | Mapping[str, Any]) -> ConversionResult:
         """Creates or updates one conversion; ``result`` says which (or ``unchanged``)."""
-        body = await self._request("POST", "/conversions", to_json(conversion))
-        return ConversionResult.from_json(body["conversion"])
+        return await self._run(_send(conversion))
 
     async def send_many(self, conversions: Conversions, *, batch_size: int = MAX_BATCH_ITEMS) -> BatchReport:
         """As `IntakeClient.send_many`: batches in order, one result per item in input order."""
-        results: list[BatchItemResult] = []
-        for part in batches(conversions, batch_size):
-            if isinstance(part, Oversized):
-                results.append(BatchItemResult(part.index, False, error=_oversized(part)))
-                continue
-            body = await self._request("POST", "/conversions/batch", part.body())
-            results.extend(BatchItemResult.from_json(r, part.offset) for r in _results(body, part))
-        return _batch_report(results)
+        items = _per_item(conversions, batch_size, "/conversions/batch", BatchItemResult)
+        return _batch_report(await self._run(items))
 
     async def validate(self, conversions: Conversions, *, batch_size: int = MAX_BATCH_ITEMS) -> ValidationReport:
         """As `IntakeClient.validate`: validates without storing anything."""
-        results: list[ValidationItemResult] = []
-        for part in batches(conversions, batch_size):
-            if isinstance(part, Oversized):
-                results.append(ValidationItemResult(part.index, False, error=_oversized(part)))
-                continue
-            body = await self._request("POST", "/conversions/validate", part.body())
-            results.extend(ValidationItemResult.from_json(r, part.offset) for r in _results(body, part))
-        return _validation_report(results)
+        items = _per_item(conversions, batch_size, "/conversions/validate", ValidationItemResult)
+        return _validation_report(await self._run(items))
 
     async def get_workspace(self) -> Workspace:
         """The key's workspace (verifies the key; needs the scope ``workspace:read``)."""
-        body: Workspace = await self._request("GET", "/workspace", None)
-        return body
+        return await self._run(_get_workspace())
+
+    async def _run(self, operation: Generator[_Call, Any, _T]) -> _T:
+        try:
+            call = next(operation)
+            while True:
+                call = operation.send(await self._request(*call))
+        except StopIteration as done:
+            result: _T = done.value
+            return result
 
     async def _request(self, method: str, path: str, body: bytes | None) -> Any:
         url = self.base_url + path
@@ -294,6 +276,31 @@ class AsyncIntakeClient(_Base):
             if not isinstance(outcome, _Wait):
                 return outcome
             await self._sleep(outcome.seconds)
+
+
+def _send(conversion: ConversionInput | Mapping[str, Any]) -> Generator[_Call, Any, ConversionResult]:
+    body = yield "POST", "/conversions", to_json(conversion)
+    return ConversionResult.from_json(body["conversion"])
+
+
+def _per_item(
+    conversions: Conversions, batch_size: int, path: str, result: type[_Item]
+) -> Generator[_Call, Any, list[_Item]]:
+    """The batches of `send_many` and `validate`: one result per item in input order, an item
+    too large for any batch failed without being sent."""
+    results: list[_Item] = []
+    for part in batches(conversions, batch_size):
+        if isinstance(part, Oversized):
+            results.append(result(part.index, False, error=_oversized(part)))
+            continue
+        body = yield "POST", path, part.body()
+        results.extend(result.from_json(r, part.offset) for r in _results(body, part))
+    return results
+
+
+def _get_workspace() -> Generator[_Call, Any, Workspace]:
+    body: Workspace = yield "GET", "/workspace", None
+    return body
 
 
 def _oversized(part: Oversized) -> ItemError:
