@@ -255,7 +255,7 @@ impl Stack {
     }
 
     /// The environment of every process of the stack: its topics, group and database.
-    fn child_env(&self, command: &mut Command) {
+    pub fn child_env(&self, command: &mut Command) {
         if let Some(url) = &self.options.database_url {
             command.env("DATABASE_URL", url);
         }

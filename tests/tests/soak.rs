@@ -11,7 +11,8 @@ use std::process::Command;
 async fn a_two_minute_soak_keeps_everything_and_levels_off() {
     let own = intake_tests::OwnDatabase::create("soak").await;
     let out = std::env::temp_dir().join(format!("intake-soak-{}", ulid::Ulid::new()));
-    let output = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+    // The benchmark's load generator (bench/), built with every program by deploy/test.sh.
+    let output = Command::new(std::path::PathBuf::from(intake_tests::env("INTAKE_BIN_DIR")).join("loadgen"))
         .arg("soak")
         .env("DATABASE_URL", &own.url)
         .env("INTAKE_SOAK_MINUTES", "2")

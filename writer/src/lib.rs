@@ -5,7 +5,6 @@
 
 pub mod admin;
 mod apply;
-pub mod bench;
 pub mod consume;
 pub mod dlq;
 pub mod durability;

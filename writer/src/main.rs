@@ -5,13 +5,8 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
-use intake_common::config::{init_logging, DatabaseArgs, LogArgs};
-use intake_writer::bench;
-use intake_writer::durability::{Durability, DurabilityArgs};
-use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
+use intake_common::config::{init_logging, LogArgs};
 use serde_json::Value;
-use std::time::Duration;
 
 /// See the workspace Cargo.toml: the allocator showed in the profile.
 #[global_allocator]
@@ -51,21 +46,6 @@ enum Command {
     /// What a restore of the database undoes and a replay cannot give back: workspaces, keys
     /// and their revocations, erasures (deploy/RUNBOOK.md, "PostgreSQL restored from a backup: replay").
     Restore(commands::restore::Args),
-    /// The direct_apply baseline of deploy/bench.sh (writer/src/bench.rs); not an operator command.
-    #[command(hide = true)]
-    BenchApply {
-        /// One batch a line: a JSON array of its request messages.
-        #[arg(long)]
-        from: std::path::PathBuf,
-        #[arg(long, default_value_t = 30)]
-        seconds: u64,
-        #[arg(long, default_value_t = 1)]
-        concurrency: usize,
-        #[command(flatten)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        durability: DurabilityArgs,
-    },
     /// Erases one person's data; prints {"conversions": N, "visits": M}. The identifier's value
     /// is read from standard input (one line) or --from FILE, never from the command line.
     Erase(commands::erase::Args),
@@ -103,16 +83,6 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
         Command::Key(args) => commands::key::execute(args).await,
         Command::Replay(args) => commands::replay::execute(args).await,
         Command::Restore(args) => commands::restore::execute(args).await,
-        Command::BenchApply { from, seconds, concurrency, database, durability } => {
-            let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
-            let db = Database {
-                pool,
-                durability: Durability::new(&database.url, &durability, Counter::default())?,
-                schema_behind: Default::default(),
-            };
-            bench::apply_batches(&db, &bench::Settings { from, duration: Duration::from_secs(seconds), concurrency })
-                .await
-        }
         Command::Erase(args) => commands::erase::execute(args).await,
     }
 }

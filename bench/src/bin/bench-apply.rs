@@ -1,7 +1,8 @@
-//! `intake-writer bench-apply` (hidden): the `direct_apply` baseline of `deploy/bench.sh`. The
-//! writer's own apply code ([`store::apply_run`]) called on prepared batches, with no HTTP and
-//! no Kafka, so that the end-to-end throughput can be compared with what the apply stage alone
-//! does on the same machine.
+//! `bench-apply`: the `direct_apply` baseline of `deploy/bench.sh`. The writer's own apply code
+//! ([`store::Database::apply_run`], from the writer's library) called on prepared batches, with
+//! no HTTP and no Kafka, so that the end-to-end throughput can be compared with what the apply
+//! stage alone does on the same machine. Its flags are the writer's database and durability
+//! settings, and the three below; it prints one JSON object.
 //!
 //! The input file has one line per batch: a JSON array of the batch's chunks (request messages
 //! as the gateway would produce them, validated and hashed). A line is applied as one
@@ -9,13 +10,63 @@
 //! once; when the run outlasts it, the batches go round again with fresh message ids, external
 //! ids and parent links (a suffix per round), so that every round writes new conversions.
 
-use crate::store::{self, Database};
+use clap::Parser;
+use intake_common::config::{init_logging, DatabaseArgs, LogArgs};
 use intake_model::conversion::{Conversion, ExternalId};
 use intake_model::message::WriteRequestV1;
+use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::store::{self, Database};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// See the workspace Cargo.toml: the writer runs with this allocator, and so does its apply here.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "bench-apply", about)]
+struct Cli {
+    /// One batch a line: a JSON array of its request messages.
+    #[arg(long)]
+    from: std::path::PathBuf,
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    #[command(flatten)]
+    database: DatabaseArgs,
+    #[command(flatten)]
+    durability: DurabilityArgs,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[tokio::main]
+async fn main() {
+    let Cli { from, seconds, concurrency, database, durability, log } = Cli::parse();
+    let log = init_logging(&log);
+    let outcome = async {
+        let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
+        let db = Database {
+            pool,
+            durability: Durability::new(&database.url, &durability, Counter::default())?,
+            schema_behind: Default::default(),
+        };
+        apply_batches(&db, &Settings { from, duration: Duration::from_secs(seconds), concurrency }).await
+    }
+    .await;
+    drop(log);
+    match outcome {
+        Ok(output) => println!("{output}"),
+        Err(error) => {
+            eprintln!("bench-apply: {error:#}");
+            std::process::exit(1)
+        }
+    }
+}
 
 pub struct Settings {
     pub from: std::path::PathBuf,

@@ -1,7 +1,7 @@
 //! The two baselines measured in the same run:
 //!
-//! - `direct_apply`: the writer's own apply code (`intake-writer bench-apply`, hidden, see
-//!   `writer/src/bench.rs`) on the 500-item batches of `batch_ingest`, validated and hashed as
+//! - `direct_apply`: the writer's own apply code (`bench-apply`, which links the writer's
+//!   library, `bench/src/bin/bench-apply.rs`) on the 500-item batches of `batch_ingest`, validated and hashed as
 //!   the gateway does and split into chunks of 100; no HTTP, no Kafka. One batch per
 //!   transaction, one batch at a time (one writer applies one group at a time).
 //! - `pg_upsert`: pgbench upserting 100 generated rows per transaction into a copy of the
@@ -77,9 +77,12 @@ pub async fn direct_apply(
     dir: &Path,
 ) -> anyhow::Result<(Measured, Value)> {
     let file = prepare_batches(keys, batches, dir)?;
-    let mut command = tokio::process::Command::from(stack.writer_command());
+    // The stack's writers' settings (database, topics), given to the apply program instead.
+    let mut command = std::process::Command::new(Path::new(&intake_tests::env("INTAKE_BIN_DIR")).join("bench-apply"));
+    stack.child_env(&mut command);
+    let mut command = tokio::process::Command::from(command);
     command
-        .args(["bench-apply", "--from"])
+        .arg("--from")
         .arg(&file)
         .args(["--seconds", &duration.as_secs().to_string(), "--concurrency", &concurrency.to_string()])
         .stdin(std::process::Stdio::null())
@@ -90,7 +93,7 @@ pub async fn direct_apply(
     let cores = tokio::spawn(roles.cores_during(duration));
     let output = child.wait_with_output().await?;
     let _ = std::fs::remove_file(&file);
-    anyhow::ensure!(output.status.success(), "intake-writer bench-apply: {}", String::from_utf8_lossy(&output.stderr));
+    anyhow::ensure!(output.status.success(), "bench-apply: {}", String::from_utf8_lossy(&output.stderr));
     let applied: BenchApplyOutput = serde_json::from_slice(&output.stdout)?;
     let mut recorder = Recorder::new();
     let per_batch = applied.items / (applied.latencies_us.len().max(1) as u64);

@@ -43,7 +43,7 @@ fn describe(name: &str, config: &Config) -> String {
         "reject_401" => "POST /v1/conversions with an unknown key".into(),
         "reject_422" => "POST /v1/conversions with an invalid body (bad event), valid key".into(),
         "workspace_read" => "GET /v1/workspace".into(),
-        "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `intake-writer bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
+        "direct_apply" => "baseline: the writer's apply code (store::apply_chunks via `bench-apply`) on batch_ingest's batches, validated and hashed beforehand, 5 chunks of 100; no HTTP, no Kafka".into(),
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
         "pg_upsert_v1" => "fixed yardstick: pg_upsert into a table of the shape `conversions` had before its indexes were made lean (nine indexes, identifiers and digests as text after the workspace id)".into(),
         on_async if on_async.ends_with("_ha_async") => format!(
