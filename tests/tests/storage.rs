@@ -1,7 +1,7 @@
 //! How `conversions` keeps a re-sent conversion: in place. Its pages keep room (the table's
 //! fillfactor) so that an update that changes no indexed column (a new value, new tags) is a
 //! HOT update: the new version on the same page, no entry written in any of the table's eight
-//! indexes, and nothing there for a vacuum to remove. deploy/bench-vacuum.sh measures what that
+//! indexes, and nothing there for a vacuum to remove. bench/bench-vacuum.sh measures what that
 //! saves; docs/operations.md ("Storage settings") says why each setting.
 
 use intake_tests::serde_json::{json, Value};

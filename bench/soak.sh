@@ -17,7 +17,7 @@
 # Options are also environment variables of `loadgen soak` (INTAKE_SOAK_MINUTES,
 # INTAKE_SOAK_SAMPLE_SECONDS, INTAKE_SOAK_RETENTION_MS, INTAKE_SOAK_RATE in items/s,
 # INTAKE_SOAK_WARMUP_SECONDS before the capacity is measured; see
-# tests/src/bin/loadgen/soak.rs). The database is intake_soak, dropped and created again.
+# bench/src/bin/loadgen/soak.rs). The database is intake_soak, dropped and created again.
 source "$(dirname "$0")/lib.sh"
 
 while [ $# -gt 0 ]; do

@@ -11,13 +11,13 @@
 # rollout. Exits with status 3 when a lock was waited for 5 s or more (the bound the runbook
 # holds every migration to).
 #
-#   deploy/bench-migration.sh                    10 M rows, migrations 0036 to 0042: `migrate`,
+#   bench/bench-migration.sh                     10 M rows, migrations 0036 to 0042: `migrate`,
 #                                                then `migrate --contract`
-#   INTAKE_MIGRATION_ROWS=1000000 deploy/bench-migration.sh
-#   INTAKE_MIGRATION_FIRST=6 deploy/bench-migration.sh
+#   INTAKE_MIGRATION_ROWS=1000000 bench/bench-migration.sh
+#   INTAKE_MIGRATION_FIRST=6 bench/bench-migration.sh
 #                                                every migration from 0006 on, from the schema
 #                                                of a version before them (0005)
-#   INTAKE_MIGRATION_HA=1 deploy/bench-migration.sh
+#   INTAKE_MIGRATION_HA=1 bench/bench-migration.sh
 #                                                the same on the HA layout (deploy/ha.sh: three
 #                                                nodes, one synchronous standby, through
 #                                                HAProxy), started for the run in
@@ -160,7 +160,7 @@ report="$REPO/bench/migration.md"
 {
     echo "# Migrations of conversions on a populated table under writes"
     echo
-    echo "\`deploy/bench-migration.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows conversions (loaded, indexed and vacuumed in $loaded_s s); single upserts at 200/s throughout. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
+    echo "\`bench/bench-migration.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows conversions (loaded, indexed and vacuumed in $loaded_s s); single upserts at 200/s throughout. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
     echo
     echo "| migration | time s |"
     echo "|---|---|"

@@ -3,7 +3,7 @@
 connection (Python's http.client), each send a new conversion with an email, answered
 before the next. Prints p50, p90, p99 and max in milliseconds, client included.
 
-    deploy/single-send-probe.py KEY [SENDS [GAP_SECONDS [URL]]]
+    bench/single-send-probe.py KEY [SENDS [GAP_SECONDS [URL]]]
 
 KEY is the quick start's demo key (deploy/up.sh prints it). GAP_SECONDS 0 sends back to back;
 0.12 is about 8 a second. Mind the key's limit of 600 requests a minute.

@@ -5,8 +5,8 @@
 # a baseline, the two gateways take turns, a fresh process each time, so that the comparison is
 # of one run on one machine state: on a shared machine, runs minutes apart differ by a third.
 #
-#   deploy/bench-rejects.sh                     the release gateway of this checkout
-#   INTAKE_GATEWAY_BASELINE=path deploy/bench-rejects.sh
+#   bench/bench-rejects.sh                      the release gateway of this checkout
+#   INTAKE_GATEWAY_BASELINE=path bench/bench-rejects.sh
 #                                               and that gateway binary, in turns
 #   INTAKE_GATEWAY=path                         another gateway binary than this checkout's
 #   INTAKE_BENCH_ROUNDS (3), INTAKE_BENCH_SECONDS (10), INTAKE_BENCH_CONNECTIONS (64)

@@ -14,10 +14,10 @@
 # a second; prints how often autovacuum ran on the table, for how long, its index passes, and
 # the single upserts' p99 and longest, all of them and those that ended while it ran.
 #
-#   deploy/bench-vacuum.sh                      1 M rows, fillfactor 100 and 90, 30 s of updates;
+#   bench/bench-vacuum.sh                       1 M rows, fillfactor 100 and 90, 30 s of updates;
 #                                               autovacuum 240 s a setting
-#   INTAKE_VACUUM_ROWS=10000000 INTAKE_VACUUM_FILLFACTORS=100,90,80 INTAKE_VACUUM_SECONDS=60 deploy/bench-vacuum.sh
-#   INTAKE_VACUUM_AUTO="" deploy/bench-vacuum.sh   without the autovacuum runs
+#   INTAKE_VACUUM_ROWS=10000000 INTAKE_VACUUM_FILLFACTORS=100,90,80 INTAKE_VACUUM_SECONDS=60 bench/bench-vacuum.sh
+#   INTAKE_VACUUM_AUTO="" bench/bench-vacuum.sh    without the autovacuum runs
 #
 # Needs PostgreSQL (started if it is not running) and the writer binary for the migrations.
 # Uses the database intake_bench_vacuum (dropped and created again). Writes bench/vacuum.md.
@@ -114,7 +114,7 @@ report="$REPO/bench/vacuum.md"
 {
     echo "# fillfactor and vacuum of conversions"
     echo
-    echo "\`deploy/bench-vacuum.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows rows; $seconds s of updates by 4 clients; single upserts at 200/s, 20 s without the vacuum, then those that ended during it. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
+    echo "\`bench/bench-vacuum.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" describe --always --dirty)\`; $rows rows; $seconds s of updates by 4 clients; single upserts at 200/s, 20 s without the vacuum, then those that ended during it. PostgreSQL $(sql -c 'SHOW server_version'), shared_buffers $(sql -c 'SHOW shared_buffers'); $(nproc) cores."
     echo
     echo "| fillfactor | heap MiB loaded | index MiB loaded | updates/s | update p50 / p99 ms | HOT updates | WAL bytes an update | index bytes an update | vacuum s | index scans | upserts 200/s p99 ms: before / during vacuum |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"

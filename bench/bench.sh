@@ -2,7 +2,7 @@
 # The benchmark, one command. Starts what is missing (PostgreSQL, Redis, Kafka: the
 # ones already running are reused, never stopped), recreates the benchmark database, builds the
 # release binaries, and runs every scenario in one run with the load generator
-# (tests/src/bin/loadgen): gateways and writers of its own on topics of its own, the
+# (bench/src/bin/loadgen): gateways and writers of its own on topics of its own, the
 # direct_apply and pg_upsert baselines, a CPU profile, batch_ingest with 1, 2 and 4 writers and
 # gateways each under a CPU quota, and the runs at 1 M and 10 M stored conversions. Writes
 # bench/report.json and bench/report.md (and bench/profile/).
@@ -49,14 +49,15 @@
 #
 # Every option is also an environment variable of the load generator (INTAKE_BENCH_SECONDS,
 # INTAKE_BENCH_GATEWAYS, INTAKE_BENCH_SCENARIOS=batch_ingest,single_32 for only those, ... see
-# tests/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names the database (default
+# bench/src/bin/loadgen/main.rs); INTAKE_BENCH_DATABASE names the database (default
 # intake_bench; it is dropped and created again).
 source "$(dirname "$0")/lib.sh"
 
 # --baseline: the binaries of commit $1 in $INTAKE_CACHE/baseline/bin-<commit>, built once in a
 # worktree of their own with a target directory of their own, so that neither the shared
 # target's binaries nor anyone's working tree is touched. An old commit builds with its own
-# Cargo.toml (and so its own release profile). Prints the directory.
+# Cargo.toml (and so its own release profile), its load generator optimised as the working
+# tree's is, wherever its layout keeps it. Prints the directory.
 ab_build_rev() {
     local sha="$1" base="$INTAKE_CACHE/baseline" short="${1:0:12}"
     local src="$base/src-$short" bin="$base/bin-$short"
@@ -73,11 +74,33 @@ ab_build_rev() {
         say "building $short in $src (target $base/target; once per commit)"
         # Errors stop here by hand: errexit does not reach into the command substitution that
         # calls this, and the shared target's release directory holds another commit's binaries.
-        (cd "$src" && CARGO_TARGET_DIR="$base/target" cargo build --release --workspace --bins --quiet) >&2 \
-            || { say "building $short failed"; return 1; }
+        loadgen_optimised "$src"
+        (cd "$src" && CARGO_TARGET_DIR="$base/target" cargo build --release --workspace --bins --quiet \
+            "${LOADGEN_OPTIMISED[@]}") >&2 || { say "building $short failed"; return 1; }
+        loadgen_optimised "$REPO"
         ab_copy_bins "$base/target/release" "$bin"
+        ab_check_bins "$src" "$bin" || { rm -f "$bin/.complete"; return 1; }
     fi
     echo "$bin"
+}
+
+# The programs a side's run calls, by its tree's layout: since bench/ has a crate of its own,
+# its loadgen and the direct_apply baseline's bench-apply; before, the test crate's loadgen,
+# which applies through its own writer's hidden `intake-writer bench-apply`. Either loadgen
+# finds the other program in INTAKE_BIN_DIR itself.
+ab_check_bins() {
+    local tree="$1" bin="$2" program programs=(loadgen intake-writer)
+    if [ -f "$tree/bench/Cargo.toml" ]; then
+        programs+=(bench-apply)
+    elif [ ! -d "$tree/tests/src/bin/loadgen" ]; then
+        say "$tree has no load generator (neither bench/ nor tests/src/bin/loadgen)"; return 1
+    fi
+    for program in "${programs[@]}"; do
+        [ -x "$bin/$program" ] || { say "$bin has no $program"; return 1; }
+    done
+    if [ ! -f "$tree/bench/Cargo.toml" ] && ! "$bin/intake-writer" bench-apply --help >/dev/null 2>&1; then
+        say "$bin/intake-writer has no bench-apply"; return 1
+    fi
 }
 
 # Copies the executables of a release directory: a snapshot, since the shared target's can be
@@ -124,6 +147,7 @@ ab_run() {
     (cd "$REPO" && cargo build --release --workspace --bins --quiet "${LOADGEN_OPTIMISED[@]}")
     tree_bin="$INTAKE_CACHE/baseline/bin-tree"
     ab_copy_bins "$CARGO_TARGET_DIR/release" "$tree_bin"
+    ab_check_bins "$REPO" "$tree_bin" || return 1
     out="$REPO/bench/baseline-$short-$(date -u +%Y%m%dT%H%M%S)"
     mkdir -p "$out"
     for round in $(seq "$rounds"); do

@@ -6,8 +6,8 @@
 # swap (a rename under a brief lock) and whose trigger for the writes during the copy are not
 # part of the trial. Single upserts at 200/s go to the current tables throughout.
 #
-#   deploy/trial-narrow-keys.sh                 10 M rows (about 8 minutes)
-#   ROWS=1000000 BATCH=50000 deploy/trial-narrow-keys.sh
+#   bench/trial-narrow-keys.sh                  10 M rows (about 8 minutes)
+#   ROWS=1000000 BATCH=50000 bench/trial-narrow-keys.sh
 #
 # Prints the copy's and the index builds' time and WAL, the upserts' p99 during each, and bytes
 # per conversion of both shapes; also into bench/narrow-keys.md. Uses the database
@@ -99,7 +99,7 @@ p99() { cat "$work"/tx* | awk -v from="$1" -v to="$2" '{ t = $5 + $6 / 1e6 } t >
 } | tee -a "$work/result"
 mkdir -p "$REPO/bench"
 { echo "# Narrow keys for the stored rows: a copy into the narrow shape"; echo
-  echo "\`deploy/trial-narrow-keys.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" rev-parse --short HEAD)\`; $(nproc) cores."
+  echo "\`bench/trial-narrow-keys.sh\`, $(date -u +%FT%TZ), commit \`$(git -C "$REPO" rev-parse --short HEAD)\`; $(nproc) cores."
   echo; echo '```'; cat "$work/result"; echo '```'; } >"$REPO/bench/narrow-keys.md"
 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
 rm -rf "$work"

@@ -4,9 +4,9 @@
 # gateway of its own. Shows what a refused write costs compared with a refused read: a POST
 # refused before its body is read keeps its connection when the body is small (BENCHMARKS.md).
 #
-#   deploy/bench-refusals.sh                   build the release gateway and run
-#   INTAKE_GATEWAY=path deploy/bench-refusals.sh   run against that gateway binary
-#   INTAKE_BENCH_TLS=1 deploy/bench-refusals.sh    the same over HTTPS (a self-signed P-256
+#   bench/bench-refusals.sh                    build the release gateway and run
+#   INTAKE_GATEWAY=path bench/bench-refusals.sh    run against that gateway binary
+#   INTAKE_BENCH_TLS=1 bench/bench-refusals.sh     the same over HTTPS (a self-signed P-256
 #                                                  certificate made with openssl)
 #   INTAKE_BENCH_RUNS="get post get-close"         get-close: GET with Connection: close, a new
 #                                                  connection (and handshake) per request
