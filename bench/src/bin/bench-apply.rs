@@ -27,7 +27,10 @@ use std::time::{Duration, Instant};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "bench-apply", about)]
+#[command(
+    name = "bench-apply",
+    about = "The direct_apply baseline of deploy/bench.sh: the writer's apply path on prepared batches, without HTTP or Kafka"
+)]
 struct Cli {
     /// One batch a line: a JSON array of its request messages.
     #[arg(long)]
