@@ -152,13 +152,6 @@ async fn the_previous_version_writes_until_the_contract_and_this_one_before_and_
     db.close().await;
 }
 
-/// The previous version's insert with an email digest, as hex text.
-const PREVIOUS_INSERT_WITH_EMAIL: &str = concat!(
-    "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_sha256)
-     VALUES ($1, 'ws_rollout', 'lead', $2, 'chn_rollout', now(), $3) ",
-    intake_model::conversions_on_conflict!(old_shape hash_key!())
-);
-
 /// This version's: the digest as its bytes (migration 0036).
 const INSERT_WITH_EMAIL: &str = concat!(
     "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at, email_digest)
@@ -334,6 +327,140 @@ async fn by_email(db: &PgPool, hash: &str) -> Vec<String> {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The statements of the release before migration 0036, which reads and writes the digests as
+/// hex: taken verbatim from writer/src/store.rs of that release (a chunk's write, `write_chunk!`,
+/// with the select list it has when it is not the transaction's last, and the
+/// `conversions_on_conflict!` of model/src/conversion.rs it ends with) and from its
+/// writer/src/lookups.rs (its erasure's look-up by email and its clearing of a person's rows).
+/// Frozen here as data: the rollout of 0036 to 0042 must keep working for the binaries that run
+/// exactly these, and for the rows they stored.
+mod before_0036 {
+    pub const WRITE: &str =
+        "WITH new_chains AS (INSERT INTO chains (id, workspace_id) SELECT id, $1 FROM unnest($19::text[]) AS new(id)),
+             recorded AS (
+                 INSERT INTO applied_messages (correlation_id, workspace_id, results)
+                 SELECT id, $1, results::jsonb FROM unnest($20::text[], $21::text[]) AS m(id, results)),
+             written AS (
+                 INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, parent_external_id,
+                                          occurred_at, visitor_id, click_id, contact_id, email_sha256,
+                                          phone_sha256, address_sha256, country, value, currency, hdyhau, tags)
+                 SELECT u.id, $1, u.event, u.external_id, u.chain_id, u.parent_external_id,
+                        'epoch'::timestamptz + u.occurred_at_ms * interval '1 millisecond',
+                        u.visitor_id, u.click_id, u.contact_id, u.email_sha256, u.phone_sha256, u.address_sha256,
+                        u.country, u.value::numeric, u.currency, u.hdyhau, u.tags::jsonb
+                   FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::text[],
+                               $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[],
+                               $15::text[], $16::text[], $17::text[], $18::text[])
+                     AS u(id, event, external_id, chain_id, parent_external_id, occurred_at_ms, visitor_id, click_id,
+                          contact_id, email_sha256, phone_sha256, address_sha256, country, value, currency, hdyhau,
+                          tags)
+                 ON CONFLICT ((hashtextextended(workspace_id, 0)), event, external_id) DO UPDATE SET
+                chain_id = excluded.chain_id, parent_external_id = excluded.parent_external_id,
+                occurred_at = excluded.occurred_at, visitor_id = excluded.visitor_id, click_id = excluded.click_id,
+                contact_id = excluded.contact_id, email_sha256 = excluded.email_sha256,
+                phone_sha256 = excluded.phone_sha256, address_sha256 = excluded.address_sha256,
+                country = excluded.country, value = excluded.value, currency = excluded.currency,
+                hdyhau = excluded.hdyhau, tags = excluded.tags, updated_at = now())
+             SELECT 1";
+
+    pub const PERSON_BY_EMAIL: &str = concat!(
+        "SELECT id, left(visitor_id, 16) AS visitor_id, click_id, contact_id, email_sha256, phone_sha256
+       FROM conversions WHERE workspace_id = $1 AND email_sha256 IS NOT NULL AND ",
+        "date_trunc('month', created_at AT TIME ZONE 'UTC') = ANY(ARRAY(SELECT generate_series((SELECT ",
+        "min(date_trunc('month', created_at AT TIME ZONE 'UTC')) FROM conversions WHERE email_sha256 IS NOT NULL), ",
+        "(SELECT max(date_trunc('month', created_at AT TIME ZONE 'UTC')) FROM conversions WHERE email_sha256 ",
+        "IS NOT NULL), interval '1 month'))) AND hashtextextended(email_sha256, 0) = hashtextextended($2, 0) ",
+        "AND email_sha256 = $2"
+    );
+
+    pub const CLEAR_PERSON_CONVERSIONS: &str = "
+    UPDATE conversions SET visitor_id = NULL, click_id = NULL, contact_id = NULL, email_sha256 = NULL,
+           phone_sha256 = NULL, address_sha256 = NULL, hdyhau = NULL, updated_at = now()
+     WHERE id = ANY($1)";
+}
+
+/// One conversion of a chunk as the release before 0036 bound it to [`before_0036::WRITE`]: the
+/// planned row (a new one in a chain of its own, or a stored one re-sent, with its id and chain).
+#[derive(Clone, Default)]
+struct PreviousRow {
+    id: String,
+    external_id: String,
+    chain_id: String,
+    created: bool,
+    visitor_id: Option<String>,
+    contact_id: Option<String>,
+    email_sha256: Option<String>,
+    phone_sha256: Option<String>,
+    address_sha256: Option<String>,
+}
+
+/// One message of workspace `ws_rollout`, its `rows` all leads, written as the release before
+/// 0036 wrote it: one statement, with the binds of its `write_plan` (the new rows' chains
+/// inserted beside them, the message recorded with its results).
+async fn previous_write(db: &PgPool, correlation_id: &str, rows: &[PreviousRow]) -> Result<(), sqlx::Error> {
+    let texts = |field: fn(&PreviousRow) -> Option<&str>| rows.iter().map(field).collect::<Vec<_>>();
+    let none = vec![Option::<&str>::None; rows.len()];
+    let new_chains: Vec<&str> = rows.iter().filter(|r| r.created).map(|r| r.chain_id.as_str()).collect();
+    let results: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let result = if r.created { "created" } else { "updated" };
+            json!({"id": r.id, "event": "lead", "external_id": r.external_id, "chain_id": r.chain_id, "result": result})
+        })
+        .collect();
+    sqlx::query(before_0036::WRITE)
+        .bind("ws_rollout")
+        .bind(texts(|r| Some(r.id.as_str())))
+        .bind(vec!["lead"; rows.len()])
+        .bind(texts(|r| Some(r.external_id.as_str())))
+        .bind(texts(|r| Some(r.chain_id.as_str())))
+        .bind(&none)
+        .bind(vec![intake_tests::now_ms() - 60_000; rows.len()])
+        .bind(texts(|r| r.visitor_id.as_deref()))
+        .bind(&none)
+        .bind(texts(|r| r.contact_id.as_deref()))
+        .bind(texts(|r| r.email_sha256.as_deref()))
+        .bind(texts(|r| r.phone_sha256.as_deref()))
+        .bind(texts(|r| r.address_sha256.as_deref()))
+        .bind(&none)
+        .bind(&none)
+        .bind(&none)
+        .bind(&none)
+        .bind(&none)
+        .bind(new_chains)
+        .bind(vec![correlation_id])
+        .bind(vec![Value::from(results).to_string()])
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// The ids of the rows that the release before 0036 finds by the email digest `hash` (hex).
+async fn previous_by_email(db: &PgPool, hash: &str) -> Vec<String> {
+    sqlx::query_scalar(&format!("SELECT id FROM ({}) AS person ORDER BY id", before_0036::PERSON_BY_EMAIL))
+        .bind("ws_rollout")
+        .bind(hash)
+        .fetch_all(db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Row `g` of the rows stored before, as the previous release's plan has it when a chunk
+/// re-sends it: its id and chain, no identifier yet.
+fn stored_before(g: i64) -> PreviousRow {
+    PreviousRow {
+        id: format!("cnv_{g:06}"),
+        external_id: format!("old-{g}"),
+        chain_id: format!("chn_{g:06}"),
+        ..PreviousRow::default()
+    }
+}
+
+/// The email digest (hex) of row `g` of the rows stored before.
+fn old_hash(g: i64) -> String {
+    intake_model::normalize::sha256_hex(&format!("e{g}")).as_str().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_version_writes() {
     let own = OwnDatabase::empty("digests").await;
@@ -342,15 +469,22 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
     for statement in [
         "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')",
         "INSERT INTO chains (id, workspace_id) VALUES ('chn_rollout', 'ws_rollout')",
-        "INSERT INTO conversions (id, workspace_id, event, external_id, chain_id, occurred_at,
-                                  email_sha256, phone_sha256, address_sha256)
-         SELECT 'cnv_' || lpad(g::text, 6, '0'), 'ws_rollout', 'lead', 'old-' || g, 'chn_rollout', now(),
-                encode(sha256(convert_to('e' || g, 'UTF8')), 'hex'),
-                CASE WHEN g % 2 = 0 THEN encode(sha256(convert_to('p' || g, 'UTF8')), 'hex') END,
-                CASE WHEN g % 3 = 0 THEN encode(sha256(convert_to('a' || g, 'UTF8')), 'hex') END
-           FROM generate_series(1, 30000) AS g",
     ] {
         sqlx::query(statement).execute(&db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    // The rows stored before, written by the previous release in messages of 1,000.
+    let hex = |text: String| Some(intake_model::normalize::sha256_hex(&text).as_str().to_owned());
+    for first in (1..=STORED).step_by(1_000) {
+        let rows: Vec<PreviousRow> = (first..first + 1_000)
+            .map(|g| PreviousRow {
+                created: true,
+                email_sha256: hex(format!("e{g}")),
+                phone_sha256: if g % 2 == 0 { hex(format!("p{g}")) } else { None },
+                address_sha256: if g % 3 == 0 { hex(format!("a{g}")) } else { None },
+                ..stored_before(g)
+            })
+            .collect();
+        previous_write(&db, &format!("c-old-{first}"), &rows).await.unwrap_or_else(|e| panic!("{first}: {e}"));
     }
     let untouched: String = sqlx::query_scalar("SELECT email_sha256 FROM conversions WHERE external_id = 'old-1'")
         .fetch_one(&db)
@@ -364,17 +498,20 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
         move |n| {
             let db = db.clone();
             async move {
-                let external_id = match n % 2 {
-                    0 => format!("old-{}", n % 29_000 + 1_001),
-                    _ => format!("new-{n}"),
+                let row = match n % 2 {
+                    0 => stored_before(i64::try_from(n % 29_000 + 1_001).unwrap_or_default()),
+                    _ => PreviousRow {
+                        id: format!("cnv_w{n}"),
+                        external_id: format!("new-{n}"),
+                        chain_id: format!("chn_w{n}"),
+                        created: true,
+                        ..PreviousRow::default()
+                    },
                 };
-                sqlx::query(PREVIOUS_INSERT_WITH_EMAIL)
-                    .bind(format!("cnv_w{n}"))
-                    .bind(&external_id)
-                    .bind(email_hash(n))
-                    .execute(&db)
+                let row = PreviousRow { email_sha256: Some(email_hash(n)), ..row };
+                previous_write(&db, &format!("c-w{n}"), std::slice::from_ref(&row))
                     .await
-                    .unwrap_or_else(|e| panic!("the previous version's write of {external_id}: {e}"));
+                    .unwrap_or_else(|e| panic!("the previous version's write of {}: {e}", row.external_id));
             }
         }
     });
@@ -413,11 +550,7 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
     assert_eq!(scalar(&db, &both).await, 1, "the previous version's insert after the expand has its bytes");
 
     // This version finds both kinds of rows through the digests' index.
-    let old_hash: String = sqlx::query_scalar("SELECT encode(sha256(convert_to('e1', 'UTF8')), 'hex')")
-        .fetch_one(&db)
-        .await
-        .unwrap_or_default();
-    assert_eq!(by_email(&db, &old_hash).await, ["cnv_000001"], "a row stored before, by its hex");
+    assert_eq!(by_email(&db, &old_hash(1)).await, ["cnv_000001"], "a row stored before, by its hex");
     assert_eq!(by_email(&db, &email_hash(last_n)).await.len(), 1, "a row of the previous version's");
 
     // During the rollout each version sees the other's writes and erasures.
@@ -427,8 +560,15 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
         .await
         .unwrap_or_default();
     assert_eq!(hex, Some(email_hash(1_000_001)), "the previous version reads this one's digest as hex");
-    let previous_erasure = "UPDATE conversions SET email_sha256 = NULL WHERE external_id IN ('this-1', 'old-4')";
-    sqlx::query(previous_erasure).execute(&db).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut found = previous_by_email(&db, &email_hash(1_000_001)).await;
+    assert_eq!(found, ["cnv_x1"], "the previous version's erasure finds this one's row");
+    found.extend(previous_by_email(&db, &old_hash(4)).await);
+    assert_eq!(found, ["cnv_x1", "cnv_000004"], "and a row stored before");
+    sqlx::query(before_0036::CLEAR_PERSON_CONVERSIONS)
+        .bind(&found)
+        .execute(&db)
+        .await
+        .unwrap_or_else(|e| panic!("the previous version's erasure: {e}"));
     sqlx::query(lookups::CLEAR_PERSON_CONVERSIONS)
         .bind(vec!["cnv_000005".to_owned()])
         .execute(&db)
@@ -459,7 +599,7 @@ async fn the_digests_become_bytes_on_a_populated_table_while_the_previous_versio
         AND email_sha256 IS NULL AND email_digest IS NOT NULL";
     assert_eq!(scalar(&db, once).await, 1, "a new row's digest is stored once");
     assert_eq!(by_email(&db, &email_hash(1_000_003)).await, ["cnv_x3"]);
-    assert_eq!(by_email(&db, &old_hash).await, ["cnv_000001"]);
+    assert_eq!(by_email(&db, &old_hash(1)).await, ["cnv_000001"]);
     // A re-send of a row stored before: its hex stays while it is the digest's, goes when the
     // email changed, so that no erasure can miss a hash the row no longer shows.
     let hex_of = |external_id: &'static str| {
