@@ -3,8 +3,9 @@
 //! that both versions' writers write to the same rows; `migrate --contract` then drops the old,
 //! after which only the new version's statements run. Two rollouts: the keys on the workspace
 //! id's hash (0024 to 0027), and the digests as bytes (0036 to 0042), the second on a populated
-//! table while the previous version writes; and a database several versions behind, which takes
-//! every version's additions in one `migrate`.
+//! table while the previous version writes; a database several versions behind, which takes
+//! every version's additions in one `migrate`; and the rows the release before 0036 wrote, erased
+//! by this version's `erase` after the contract.
 
 #[allow(dead_code)]
 #[path = "../../writer/src/lookups.rs"]
@@ -633,4 +634,89 @@ async fn insert_with_email(db: &PgPool, statement: &str, id: &str, external_id: 
         .execute(db)
         .await
         .unwrap_or_else(|e| panic!("{external_id}: {e}"));
+}
+
+/// The identifiers of row `id` as stored: the hex and the bytes of each digest, the contact and
+/// visitor ids.
+async fn identifiers(db: &PgPool, id: &str) -> Vec<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT ARRAY[email_sha256, encode(email_digest, 'hex'), phone_sha256, encode(phone_digest, 'hex'),
+                      address_sha256, encode(address_digest, 'hex'), contact_id, visitor_id]
+           FROM conversions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(db)
+    .await
+    .unwrap_or_else(|e| panic!("{id}: {e}"))
+}
+
+/// `intake-writer erase --workspace ws_rollout <kind>` on `own`, the identifier on its standard
+/// input, with topics of its own (the erasure is recorded in the requests topic): what it printed.
+fn erase(own: &OwnDatabase, kind: &[&str], identifier: &str) -> Value {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut erase = Command::new(std::path::Path::new(&intake_tests::env("INTAKE_BIN_DIR")).join("intake-writer"))
+        .args(["erase", "--workspace", "ws_rollout"])
+        .args(kind)
+        .env("DATABASE_URL", &own.url)
+        .envs(intake_tests::own_topics())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("intake-writer erase: {e}"));
+    if let Some(mut stdin) = erase.stdin.take() {
+        stdin.write_all(format!("{identifier}\n").as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let output = erase.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    assert!(output.status.success(), "erase {kind:?}: {}", String::from_utf8_lossy(&output.stderr));
+    intake_tests::serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("erase printed no JSON: {e}"))
+}
+
+/// A person's rows that the release before 0036 wrote keep their digests as hex alone, the bytes
+/// never filled in (0036 rewrites no row): once every migration and the contract ran, this
+/// version's erasure still finds them by email and by phone and clears both forms of every
+/// digest with the other identifiers, and leaves someone else's row as it was.
+#[tokio::test]
+async fn the_erase_command_clears_the_rows_the_release_before_0036_wrote() {
+    let own = OwnDatabase::empty("erase_hex").await;
+    own.migrate(&["--contract", "--through", "35"]);
+    let db = own.pool().await;
+    let statement = "INSERT INTO workspaces (id, name, project_id) VALUES ('ws_rollout', 'Rollout', 'prj_rollout')";
+    sqlx::query(statement).execute(&db).await.unwrap_or_else(|e| panic!("{statement}: {e}"));
+    let hex = |hash: Option<intake_model::conversion::Sha256Hex>| hash.map(|h| h.as_str().to_owned());
+    let row = |n: u32, email: &str, phone: &str| PreviousRow {
+        id: format!("cnv_{n}"),
+        external_id: format!("lead-{n}"),
+        chain_id: format!("chn_{n}"),
+        created: true,
+        visitor_id: Some(format!("visitor-{n}-0123456789")),
+        contact_id: Some(format!("crm-{n}")),
+        email_sha256: hex(intake_model::normalize::email_hash(email)),
+        phone_sha256: hex(intake_model::normalize::phone_hash(phone, None)),
+        address_sha256: hex(intake_model::normalize::address_hash("1 Main St", "10115", "DE")),
+    };
+    let rows = [
+        PreviousRow { phone_sha256: None, ..row(1, "ann@example.com", "") },
+        PreviousRow { email_sha256: None, ..row(2, "", "+14155552671") },
+        row(3, "bob@example.com", "+14155550000"),
+    ];
+    previous_write(&db, "c-1", &rows).await.unwrap_or_else(|e| panic!("the previous release's write: {e}"));
+    own.migrate(&[]);
+    own.migrate(&["--contract"]);
+    let someone_else = identifiers(&db, "cnv_3").await;
+    for (row, id) in rows.iter().zip(["cnv_1", "cnv_2", "cnv_3"]) {
+        let stored = identifiers(&db, id).await;
+        let as_written = [&row.email_sha256, &None, &row.phone_sha256, &None, &row.address_sha256, &None];
+        assert_eq!(stored[..6].iter().collect::<Vec<_>>(), as_written, "{id}: its digests as hex alone");
+    }
+
+    let by_email = erase(&own, &["--email"], "Ann@Example.com");
+    assert_eq!(by_email, json!({"conversions": 1, "visits": 0}));
+    assert_eq!(identifiers(&db, "cnv_1").await, vec![None; 8], "every identifier of the row found by email cleared");
+    let by_phone = erase(&own, &["--phone"], "+1 415 555 2671");
+    assert_eq!(by_phone, json!({"conversions": 1, "visits": 0}));
+    assert_eq!(identifiers(&db, "cnv_2").await, vec![None; 8], "every identifier of the row found by phone cleared");
+    assert_eq!(identifiers(&db, "cnv_3").await, someone_else, "someone else's row");
+    db.close().await;
 }
