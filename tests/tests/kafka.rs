@@ -2,7 +2,12 @@
 //! them; a writer stopped with SIGTERM hands them over at once; every broker down and back. (The
 //! leader of a request partition killed under traffic is the fault harness's, deploy/faults.sh.)
 
-use intake_tests::{check_ledger, wait_until, FaultReport, KafkaCluster, Stack, StackOptions, Traffic};
+use intake_tests::serde_json::Value;
+use intake_tests::{
+    check_ledger, database, stored_conversion_ids, stored_count, wait_until, FaultReport, KafkaCluster, Stack,
+    StackOptions, Traffic,
+};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// A killed writer keeps its partitions until its session times out (10 s).
@@ -73,7 +78,9 @@ async fn a_writer_stopped_with_sigterm_hands_its_partitions_over_at_once() {
 /// Every broker down (the one broker of the test's own): a writer stopped with SIGTERM exits
 /// cleanly in bounded time; a write that Kafka never took gets no reply, and once the broker is
 /// back, its workspace's writes are admitted at once, not refused as behind for as long as that
-/// lost chunk would be remembered.
+/// lost chunk would be remembered. What is stored is what the clients were told: every write
+/// answered 2xx once, with the id it was given, and nothing of the one answered 5xx and never
+/// sent again.
 #[tokio::test]
 async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_the_broker() {
     let cluster = KafkaCluster::start();
@@ -86,13 +93,19 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
         StackOptions { kafka_brokers: Some(cluster.bootstrap.clone()), writer_env, ..StackOptions::unlimited() };
     let mut stack = Stack::start_with(options).await;
     let (key, fresh) = (stack.workspace(), stack.workspace());
-    assert_eq!(stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await.status, 201);
+    // What each workspace's client was told was stored: external id to conversion id.
+    let (mut told, mut fresh_told) = (BTreeMap::new(), BTreeMap::new());
+    let before = intake_tests::conversion("lead");
+    let reply = stack.post("/v1/conversions", &key, &before).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    told.insert(external_id(&before), conversion_id(&reply.body));
     cluster.kill();
     let outage = Instant::now();
     let down = || async { std::net::TcpStream::connect(&cluster.bootstrap).is_err() };
     wait_until("the broker down", Duration::from_secs(10), down).await;
-    let during = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
-    assert!(!(200..300).contains(&during.status), "no broker took it: {} {}", during.status, during.body);
+    let unsent = intake_tests::conversion("lead");
+    let during = stack.post("/v1/conversions", &key, &unsent).await;
+    assert!((500..600).contains(&during.status), "no broker took it: {} {}", during.status, during.body);
 
     let exited = stack.terminate_writer(0);
     let (took, status) =
@@ -108,12 +121,17 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     cluster.restart_stopped();
     let outage = outage.elapsed();
     // Kafka takes writes again: a workspace that sent nothing during the outage gets through.
+    // Its client sends the same conversion again after each 5xx, as a client should: the answer
+    // is 201, or 200 where a send answered 5xx was stored after all.
     let back = Instant::now();
+    let retried = intake_tests::conversion("lead");
     loop {
-        let reply = stack.post("/v1/conversions", &fresh, &intake_tests::conversion("lead")).await;
-        if reply.status == 201 {
+        let reply = stack.post("/v1/conversions", &fresh, &retried).await;
+        if (200..300).contains(&reply.status) {
+            fresh_told.insert(external_id(&retried), conversion_id(&reply.body));
             break;
         }
+        assert!((500..600).contains(&reply.status), "refused, not failed: {} {}", reply.status, reply.body);
         assert!(
             back.elapsed() < Duration::from_secs(60),
             "Kafka never took writes again: {} {}",
@@ -122,8 +140,21 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let reply = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
+    let after = intake_tests::conversion("lead");
+    let reply = stack.post("/v1/conversions", &key, &after).await;
     assert_eq!(reply.status, 201, "the workspace that wrote during the outage: {}", reply.body);
+    told.insert(external_id(&after), conversion_id(&reply.body));
+
+    // Stored: each acknowledged conversion once, under the id its client was told; the one
+    // answered 5xx while no broker ran is not, though its client never sent it again: its
+    // producer gave it up at its deadline, and a message past its deadline is never applied. (Had
+    // it reached the topic at all, it came before its workspace's last write, applied by now.)
+    let db = database().await;
+    for (key, told) in [(&key, &told), (&fresh, &fresh_told)] {
+        let stored = stored_conversion_ids(&db, &key.workspace_id).await;
+        assert_eq!(&stored, told, "stored against told, answered 5xx: {}", external_id(&unsent));
+        assert_eq!(stored_count(&db, &key.workspace_id).await, i64::try_from(told.len()).unwrap_or_default());
+    }
 
     // librdkafka raised client errors all along, several a second per client: each client logs
     // the first and then at most one line per 5 s, and rdkafka's own line per error is gone.
@@ -134,4 +165,13 @@ async fn every_broker_down_a_writer_exits_on_sigterm_and_writes_come_back_with_t
     let most = 8 * (outage.as_secs() as usize / 5 + 2);
     assert!((1..=most).contains(&logged), "{logged} lines of client errors in a {outage:?} outage, at most {most}");
     assert!(!logs.contains("librdkafka: Global error"), "rdkafka's own line per client error");
+}
+
+fn external_id(conversion: &Value) -> String {
+    conversion["external_id"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The conversion id an answer gave.
+fn conversion_id(body: &Value) -> String {
+    body["conversion"]["id"].as_str().unwrap_or_else(|| panic!("no conversion id: {body}")).to_owned()
 }
