@@ -362,7 +362,10 @@ start_infrastructure() {
 # bring an HTTP client stack of their own (`cargo build --release -p intake-send`).
 build() {
     say "building intake ($CARGO_TARGET_DIR/release)"
-    (cd "$REPO" && cargo build --release --quiet -p intake-gateway -p intake-writer)
+    # The programs only: asked for as a target too, the writer's library (built for them either
+    # way) would be copied out of the dependencies, which the suite's build leaves in place
+    # (tests/tests/one_build.rs compares the two builds' files).
+    (cd "$REPO" && cargo build --release --quiet -p intake-gateway -p intake-writer --bins)
 }
 
 BIN="$CARGO_TARGET_DIR/release"

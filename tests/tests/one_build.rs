@@ -58,7 +58,7 @@ fn build(args: &[&str]) -> Artifacts {
 #[test]
 fn the_quick_start_and_the_suite_share_one_build() {
     let suite = build(&["--workspace", "--bins", "--tests"]);
-    let quick_start = build(&["-p", "intake-gateway", "-p", "intake-writer"]);
+    let quick_start = build(&["-p", "intake-gateway", "-p", "intake-writer", "--bins"]);
     assert!(
         quick_start.compiled.is_empty(),
         "after the suite's build, the quick start's build compiled these again (other features \
