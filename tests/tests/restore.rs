@@ -26,9 +26,9 @@ async fn status_with(stack: &Stack, key: &TestKey) -> u16 {
     stack.send(reqwest::Method::GET, "/v1/workspace", Some(&key.bearer()), None).await.status
 }
 
-/// The stored identifiers (visitor id, email digest) of a conversion, once stored.
+/// The stored identifiers (visitor id, contact id, email digest) of a conversion, once stored.
 async fn identifiers(db: &sqlx::PgPool, key: &TestKey, external_id: &str) -> Option<Vec<Option<String>>> {
-    stored_fields(db, &key.workspace_id, "lead", external_id, &["visitor_id", "email_sha256"]).await
+    stored_fields(db, &key.workspace_id, "lead", external_id, &["visitor_id", "contact_id", "email_sha256"]).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -51,11 +51,23 @@ async fn a_restore_keeps_the_revocations_workspaces_and_erasures_made_after_its_
         key_id: second_key["id"].as_str().unwrap_or_default().to_owned(),
         secret: second_key["secret"].as_str().unwrap_or_default().to_owned(),
     };
-    // A person stored before the backup, with a visit of theirs.
-    let (email, visitor_id) = (format!("{}@example.com", unique(10)), unique(16));
-    let person = json!({"event": "lead", "external_id": unique(12), "occurred_at": now_ms() - 60_000,
-                        "email": email, "visitor_id": visitor_id});
-    assert_eq!(stack.post("/v1/conversions", &key, &person).await.status, 201);
+    // Stored before the backup: a person (their email and a contact id), a conversion one step
+    // out (that contact id and a visitor id, with a visit of that visitor), and someone else's
+    // conversion two steps out (that visitor id and their own email), which an erasure of the
+    // person leaves as it is.
+    let (email, contact_id, visitor_id) = (format!("{}@example.com", unique(10)), unique(10), unique(16));
+    let occurred_at = now_ms() - 60_000;
+    let person = json!({"event": "lead", "external_id": unique(12), "occurred_at": occurred_at,
+                        "email": email, "contact_id": contact_id});
+    let one_step = json!({"event": "lead", "external_id": unique(12), "occurred_at": occurred_at,
+                          "contact_id": contact_id, "visitor_id": visitor_id});
+    let someone_else = json!({"event": "lead", "external_id": unique(12), "occurred_at": occurred_at,
+                              "visitor_id": visitor_id, "email": format!("{}@example.com", unique(10))});
+    for conversion in [&person, &one_step, &someone_else] {
+        assert_eq!(stack.post("/v1/conversions", &key, conversion).await.status, 201);
+    }
+    let id_of = |conversion: &Value| conversion["external_id"].as_str().unwrap_or_default().to_owned();
+    let untouched = identifiers(&db, &key, &id_of(&someone_else)).await;
     sqlx::query(
         "INSERT INTO visits (workspace_id, visitor_id, visited_at) VALUES ($1, $2, now() - interval '2 minutes')",
     )
@@ -81,7 +93,8 @@ async fn a_restore_keeps_the_revocations_workspaces_and_erasures_made_after_its_
     let erased = stack
         .run_writer_command_with_input(&["erase", "--workspace", &key.workspace_id, "--email"], &format!("{email}\n"))
         .unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(erased, json!({"conversions": 1, "visits": 1}));
+    assert_eq!(erased, json!({"conversions": 2, "visits": 1}));
+    assert_eq!(identifiers(&db, &key, &id_of(&someone_else)).await, untouched, "two steps out: not the person");
 
     // The runbook: writers stopped, the export, the restore.
     stack.stop_writers(true);
@@ -103,20 +116,26 @@ async fn a_restore_keeps_the_revocations_workspaces_and_erasures_made_after_its_
     })
     .await;
     let external_id = person["external_id"].as_str().unwrap_or_default();
-    assert!(identifiers(&db, &key, external_id).await.is_some_and(|ids| ids.iter().all(Option::is_some)));
+    assert!(identifiers(&db, &key, external_id).await.is_some_and(|ids| ids[2].is_some()));
 
     let applied =
         stack.run_writer_command(&["restore", "apply", "--from", &export]).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(
         applied,
         json!({"workspaces": {"created": 1, "updated": 0}, "sites_added": 1,
-               "keys": {"created": 1, "revoked": 1}, "erasures": {"applied": 1, "present": 0}})
+               "keys": {"created": 1, "revoked": 1}, "erasures": {"applied": 1, "present": 0, "to_run_again": []}})
     );
     wait_until("the revoked key refused again", Duration::from_secs(10), || async {
         status_with(&stack, &leaked).await == 401
     })
     .await;
-    assert_eq!(identifiers(&db, &key, external_id).await, Some(vec![None, None]), "the erasure holds again");
+    assert_eq!(identifiers(&db, &key, external_id).await, Some(vec![None; 3]), "the erasure holds again");
+    assert_eq!(
+        identifiers(&db, &key, &id_of(&one_step)).await,
+        Some(vec![None; 3]),
+        "one step out, as the erasure did"
+    );
+    assert_eq!(identifiers(&db, &key, &id_of(&someone_else)).await, untouched, "two steps out: not the person");
     let visits: i64 = sqlx::query_scalar("SELECT count(*) FROM visits WHERE workspace_id = $1")
         .bind(&key.workspace_id)
         .fetch_one(&db)
@@ -141,7 +160,13 @@ async fn a_restore_keeps_the_revocations_workspaces_and_erasures_made_after_its_
     assert_eq!(newcomers_id.map(Value::from), Some(told.body["conversion"]["id"].clone()), "under the id told");
     let more = json!({"event": "lead", "external_id": unique(12), "occurred_at": now_ms()});
     assert_eq!(stack.post("/v1/conversions", &newcomer, &more).await.status, 201, "the new workspace's key works");
-    assert_eq!(identifiers(&db, &key, external_id).await, Some(vec![None, None]), "the replay keeps it erased");
+    assert_eq!(identifiers(&db, &key, external_id).await, Some(vec![None; 3]), "the replay keeps it erased");
+    let erasures: i64 = sqlx::query_scalar("SELECT count(*) FROM erasures WHERE workspace_id = $1")
+        .bind(&key.workspace_id)
+        .fetch_one(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(erasures, 1, "the replayed record of the erasure is recognised, not applied a second time");
     assert_eq!(status_with(&stack, &leaked).await, 401);
     assert!(identifiers(&db, &key, later["external_id"].as_str().unwrap_or_default()).await.is_some());
 
@@ -149,7 +174,16 @@ async fn a_restore_keeps_the_revocations_workspaces_and_erasures_made_after_its_
     assert_eq!(
         twice,
         json!({"workspaces": {"created": 0, "updated": 0}, "sites_added": 0,
-               "keys": {"created": 0, "revoked": 0}, "erasures": {"applied": 0, "present": 1}})
+               "keys": {"created": 0, "revoked": 0}, "erasures": {"applied": 0, "present": 1, "to_run_again": []}})
+    );
+    // Another database's export (or one older than a workspace) is refused.
+    let stranger = stack.workspace();
+    let refused = stack.run_writer_command(&["restore", "apply", "--from", &export]).err().map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("workspaces the export does not") && e.contains(&stranger.workspace_id)),
+        "{refused:?}"
     );
 }
 

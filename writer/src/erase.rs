@@ -362,13 +362,15 @@ async fn remove(
     let conversions =
         sqlx::query(lookups::CLEAR_PERSON_CONVERSIONS).bind(&conversion_ids).execute(&mut **tx).await?.rows_affected();
     let erasure_id: i64 = sqlx::query_scalar(
-        "INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits) VALUES ($1, $2, $3, $4)
-         RETURNING id",
+        "INSERT INTO erasures (workspace_id, identifier_kind, conversions, visits, erased_at)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
     )
     .bind(workspace_id)
     .bind(kind.name())
     .bind(i32::try_from(conversions).unwrap_or(i32::MAX))
     .bind(i32::try_from(visits).unwrap_or(i32::MAX))
+    // Its own instant, also when applied again (a rewind, a replay, `restore apply`).
+    .bind(erased_at)
     .fetch_one(&mut **tx)
     .await?;
     sqlx::query(

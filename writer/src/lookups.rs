@@ -159,19 +159,35 @@ macro_rules! tombstone_digest {
     };
 }
 
-/// The conversions of workspace `$1` last written before `$3` that carry an identifier whose
-/// digest is one of `$2`: an erasure applied again from its tombstone. A scan of the
-/// workspace, with its person columns.
+/// The conversions of workspace `$1` last written before `$3` whose every identifier (visitor id,
+/// contact id, email and phone digests; at least one) has its digest among `$2`: an erasure
+/// applied again from its tombstone. The tombstone holds the identifiers of the person and of
+/// the conversions one step out, so a conversion found is one the erasure cleared, or one that
+/// carries the erased person's identifiers alone; one that also carries another identifier is
+/// someone else's and stays. A scan of the workspace, with its person columns.
 pub const PEOPLE_BY_TOMBSTONE: &str = concat!(
     "SELECT ",
     person_columns!(),
-    " FROM conversions WHERE workspace_id = $1 AND updated_at < $3 AND (",
+    " FROM conversions WHERE workspace_id = $1 AND updated_at < $3
+        AND num_nonnulls(visitor_id, contact_id, ",
+    digest_hex!("email"),
+    ", ",
+    digest_hex!("phone"),
+    ") > 0
+        AND (visitor_id IS NULL OR ",
     tombstone_digest!("visitor_id", "left(visitor_id, 16)"),
-    " = ANY($2) OR ",
+    " = ANY($2))
+        AND (contact_id IS NULL OR ",
     tombstone_digest!("contact_id", "contact_id"),
-    " = ANY($2) OR ",
+    " = ANY($2))
+        AND (",
+    digest_hex!("email"),
+    " IS NULL OR ",
     tombstone_digest!("email_sha256", digest_hex!("email")),
-    " = ANY($2) OR ",
+    " = ANY($2))
+        AND (",
+    digest_hex!("phone"),
+    " IS NULL OR ",
     tombstone_digest!("phone_sha256", digest_hex!("phone")),
     " = ANY($2))"
 );

@@ -25,6 +25,18 @@ pub struct Export {
     workspaces: Vec<Workspace>,
     keys: Vec<Key>,
     erasures: Vec<Tombstone>,
+    /// Erasures whose tombstones are pruned already (older than the dead letters' retention plus
+    /// the margin): they cannot be applied again, only named, for running again from their tickets.
+    #[serde(default)]
+    erasures_without_tombstone: Vec<PastErasure>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PastErasure {
+    workspace_id: String,
+    kind: String,
+    #[serde(with = "time::serde::rfc3339")]
+    erased_at: time::OffsetDateTime,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -84,6 +96,13 @@ pub async fn export(pool: &PgPool) -> anyhow::Result<Export> {
     )
     .fetch_all(&mut *tx)
     .await?;
+    let past = rows(
+        "SELECT json_build_object('workspace_id', e.workspace_id, 'kind', e.identifier_kind, 'erased_at', e.erased_at)
+           FROM erasures e WHERE NOT EXISTS (SELECT FROM erasure_tombstones t WHERE t.erasure_id = e.id)
+          ORDER BY e.erased_at",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let exported_at: time::OffsetDateTime = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
     tx.commit().await?;
     Ok(Export {
@@ -92,6 +111,7 @@ pub async fn export(pool: &PgPool) -> anyhow::Result<Export> {
         workspaces: serde_json::from_value(Value::Array(workspaces)).context("reading the workspaces")?,
         keys: serde_json::from_value(Value::Array(keys)).context("reading the keys")?,
         erasures: serde_json::from_value(Value::Array(erasures)).context("reading the erasures")?,
+        erasures_without_tombstone: serde_json::from_value(Value::Array(past)).context("reading the erasures")?,
     })
 }
 
@@ -134,6 +154,21 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Export> {
 pub async fn apply(db: &Database, export: &Export) -> anyhow::Result<Value> {
     let mut connection = db.pool.acquire().await?;
     let mut tx = sqlx::Connection::begin(&mut *connection).await?;
+    // Workspaces are never removed, so a restore of the database the export was taken from has
+    // none the export lacks: one more is another database's export, whose keys would work here.
+    let ids: Vec<&str> = export.workspaces.iter().map(|w| w.id.as_str()).collect();
+    let unknown: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM workspaces WHERE NOT (id = ANY($1)) ORDER BY created_at LIMIT 5")
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+    if !unknown.is_empty() {
+        bail!(
+            "the database has workspaces the export does not ({}): not an export of this database, or taken \
+             before they were created; nothing applied",
+            unknown.join(", ")
+        );
+    }
     let workspaces: Vec<bool> = sqlx::query_scalar(
         "INSERT INTO workspaces AS w (id, name, project_id, status, site_restriction, created_at, deleted_at)
          SELECT id, name, project_id, status, site_restriction, created_at, deleted_at
@@ -175,6 +210,17 @@ pub async fn apply(db: &Database, export: &Export) -> anyhow::Result<Value> {
     db.durability.confirm(&mut connection).await?;
     drop(connection);
 
+    // Those the restored database lacks: undone by the restore, and only their tickets can
+    // bring them back (the identifier is kept nowhere).
+    let lost: Vec<Value> = sqlx::query_scalar(
+        "SELECT json_build_object('workspace_id', x.workspace_id, 'kind', x.kind, 'erased_at', x.erased_at)
+           FROM jsonb_to_recordset($1) AS x(workspace_id text, kind text, erased_at timestamptz)
+          WHERE NOT EXISTS (SELECT FROM erasures e WHERE e.workspace_id = x.workspace_id
+                               AND e.identifier_kind = x.kind AND e.erased_at = x.erased_at)",
+    )
+    .bind(serde_json::to_value(&export.erasures_without_tombstone)?)
+    .fetch_all(&db.pool)
+    .await?;
     let (mut applied, mut present) = (0, 0);
     for tombstone in &export.erasures {
         match erase::apply_tombstone(db, tombstone).await? {
@@ -187,6 +233,6 @@ pub async fn apply(db: &Database, export: &Export) -> anyhow::Result<Value> {
         "workspaces": { "created": count(&workspaces, true), "updated": count(&workspaces, false) },
         "sites_added": sites,
         "keys": { "created": count(&keys, true), "revoked": count(&keys, false) },
-        "erasures": { "applied": applied, "present": present },
+        "erasures": { "applied": applied, "present": present, "to_run_again": lost },
     }))
 }
