@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Restores the HA layout (deploy/up.sh --ha) to a point in time from pgBackRest's repository:
 # deploy/ha-restore.sh "2026-05-04 10:30:00+00" [--accept-loss]. Stop the writers and gateways
-# first; replay Kafka after (deploy/RUNBOOK.md, "The HA layout: restore to a point in time,
-# then replay"). In order:
+# first; replay Kafka after (deploy/RUNBOOK.md, "The HA layout (deploy/up.sh --ha): restore to
+# a point in time"). In order:
 #   1. the replay's check: the requests topic still holds every message from a minute before
 #      the point (else the restore would lose writes quietly; --accept-loss goes on anyway);
 #   2. `intake-writer restore export`: what the restore undoes and no replay gives back
@@ -20,17 +20,22 @@ case "${2:-}" in "") ;; --accept-loss) accept_loss=--accept-loss ;; *) usage ;; 
 export DATABASE_URL="${DATABASE_URL:-$(database_url intake)}"
 writer="$BIN/intake-writer"
 [ -x "$writer" ] || { say "no $writer: build it first (deploy/up.sh builds it)"; exit 1; }
+# With its zone: a time without one would be read as UTC here and in the server's time zone by
+# the restore, which would then stop elsewhere than the replay begins.
+[[ "$target" =~ (Z|[+-][0-9][0-9](:?[0-9][0-9])?)$ ]] || { say "give the time with its zone, e.g. \"2026-05-04 10:30:00+00\""; exit 2; }
 target_s="$(date -u -d "$target" +%s)" || usage
 replay_from="$(date -u -d "@$((target_s - 60))" +%Y-%m-%dT%H:%M:%SZ)"
 
+mkdir -p "$INTAKE_HOME/ha/restores"
+stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 say "checking that the requests topic still holds every write since $replay_from"
-"$writer" replay --from-time "$replay_from" --dry-run $accept_loss >/dev/null || {
+# Kept beside the export: with --accept-loss it names the gap (lost_to_retention) for the record.
+"$writer" replay --from-time "$replay_from" --dry-run $accept_loss >"$INTAKE_HOME/ha/restores/check-$stamp.json" || {
     say "refused: a restore to $target would lose the writes the topic no longer holds (above);" \
         "restore to a later point, or run again with --accept-loss"
     exit 1
 }
-mkdir -p "$INTAKE_HOME/ha/restores"
-export_file="$INTAKE_HOME/ha/restores/export-$(date -u +%Y%m%dT%H%M%SZ).json"
+export_file="$INTAKE_HOME/ha/restores/export-$stamp.json"
 say "saving what the restore undoes (workspaces, keys, erasures) to $export_file"
 "$writer" restore export --to "$export_file" >/dev/null || {
     say "the export failed (above): the database must answer; deploy/RUNBOOK.md says what to do without it"
@@ -39,4 +44,4 @@ say "saving what the restore undoes (workspaces, keys, erasures) to $export_file
 ha_restore_cluster "$INTAKE_HOME" "$target"
 say "putting back what the restore undid"
 "$writer" restore apply --from "$export_file"
-say "now replay: $writer replay --from-time $replay_from --dry-run, then without --dry-run; then start the writers"
+say "now replay: $writer replay --from-time $replay_from $accept_loss --dry-run, then without --dry-run; then start the gateways and the writers"

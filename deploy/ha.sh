@@ -531,8 +531,8 @@ ha_switchover() {
 # recovers to TIME and becomes the primary, the others are copied from it, then a full backup
 # is taken. The data each node had is kept in node-N/data.before-restore-<UTC time>, never
 # deleted here: after a lossy failover it may be the only copy of what was acknowledged
-# (deploy/RUNBOOK.md); delete it once the incident is closed. Writers must be stopped first (deploy/RUNBOOK.md, "The HA layout: restore to a
-# point in time, then replay").
+# (deploy/RUNBOOK.md); delete it once the incident is closed. Writers must be stopped first (deploy/RUNBOOK.md, "The HA layout (deploy/up.sh
+# --ha): restore to a point in time").
 ha_restore_cluster() {
     local dir="$1" target="$2"
     local HA="$dir/ha" RUN="$dir/run" LOGS="$dir/logs" BASE PRIMARY n user node1="$dir/ha/node-1"

@@ -2,7 +2,8 @@
 # Quick start, command 1: installs what is missing, starts PostgreSQL, Redis and Apache Kafka on
 # loopback, migrates, creates the topics, starts one gateway and one writer, creates a demo
 # workspace and key, and prints a curl command. Running it again is harmless, and starts again
-# whatever is down (pid files in .intake/run/).
+# whatever is down (pid files in .intake/run/); it stops at `migrate --contract` while a writer of
+# an older build still runs (deploy/RUNBOOK.md, "Upgrades, one instance at a time").
 #
 # deploy/up.sh --ha: the same, with PostgreSQL as the HA layout (deploy/ha.sh: three nodes under
 # Patroni and etcd, synchronous replication, the primary behind HAProxy on the same port,
