@@ -210,11 +210,23 @@ async fn migrate_contract_is_refused_while_an_older_writer_is_in_the_group_and_a
     let _ = rolled_back.wait();
     // ...but after its contract, the writer refuses to start, naming it.
     record(newest + 2, "a newer build s drop (contract)").await;
-    let started = stack
+    // Spawned, not waited on without a bound: a writer that started after all would run on.
+    let mut refused = stack
         .writer_command()
         .args(["run", "--ops-listen", &format!("127.0.0.1:{}", intake_tests::free_port())])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
+    let exited = std::time::Instant::now() + Duration::from_secs(30);
+    while refused.try_wait().ok().flatten().is_none() {
+        if std::time::Instant::now() > exited {
+            let _ = refused.kill();
+            panic!("an older build started on a contracted database and runs");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = refused.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
     assert!(!started.status.success(), "an older build started on a contracted database");
     assert!(
         stderr(&started).contains(&format!(
