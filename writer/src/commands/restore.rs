@@ -28,7 +28,8 @@ pub enum RestoreCommand {
     },
     /// After the restore, before the replay: puts them back. Prints {"workspaces": {"created",
     /// "updated"}, "sites_added", "keys": {"created", "revoked"}, "erasures": {"applied",
-    /// "present"}}; a second run changes nothing.
+    /// "present", "to_run_again"}}; a second run changes nothing. Refuses an export that lacks a
+    /// workspace the database has.
     Apply {
         #[arg(long)]
         from: std::path::PathBuf,
