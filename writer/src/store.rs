@@ -235,6 +235,20 @@ pub struct Database {
 }
 
 impl Database {
+    /// The database of an operator command: its own pool, and commits acknowledged as the
+    /// writers' are (`--ack-when`), with no metrics to count into.
+    pub fn for_command(
+        pool: PgPool,
+        url: &str,
+        durability: &crate::durability::DurabilityArgs,
+    ) -> Result<Database, sqlx::Error> {
+        Ok(Database {
+            pool,
+            durability: Durability::new(url, durability, prometheus_client::metrics::counter::Counter::default())?,
+            schema_behind: Gauge::default(),
+        })
+    }
+
     /// Applies the chunk, waiting for its workspace's lock, or returns the results it had when
     /// it was first applied.
     pub async fn apply_chunk(&self, request: &WriteRequestV1) -> Result<Chunk, sqlx::Error> {

@@ -1,10 +1,9 @@
 //! `intake-writer erase`.
 
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::durability::DurabilityArgs;
 use intake_writer::erase;
 use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 
 #[derive(clap::Args)]
@@ -54,11 +53,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
         _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
     };
     let pool = store::connect_with(&database.url, 1, store::OPERATOR_TIMEOUTS).await?;
-    let db = Database {
-        pool,
-        durability: Durability::new(&database.url, &durability, Counter::default())?,
-        schema_behind: Default::default(),
-    };
+    let db = Database::for_command(pool, &database.url, &durability)?;
     let (erased, record) = erase::erase(&db, &workspace, identifier).await?;
     erase::record(&kafka, &record).await.map_err(|error| {
         error.context(

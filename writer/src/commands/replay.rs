@@ -1,10 +1,9 @@
 //! `intake-writer replay`.
 
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::durability::DurabilityArgs;
 use intake_writer::replay;
 use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 
 #[derive(clap::Args)]
@@ -42,11 +41,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let Args { partition, from_offset, to_offset, from_time, topic, dry_run, accept_loss, kafka, database, durability } =
         args;
     let pool = store::connect_with(&database.url, 2, store::OPERATOR_TIMEOUTS).await?;
-    let db = Database {
-        pool,
-        durability: Durability::new(&database.url, &durability, Counter::default())?,
-        schema_behind: Default::default(),
-    };
+    let db = Database::for_command(pool, &database.url, &durability)?;
     let start = match (partition, from_offset, from_time) {
         (Some(partition), Some(from), _) => replay::Start::Offsets { partition, from, to: to_offset },
         (_, _, Some(time)) => {

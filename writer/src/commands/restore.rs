@@ -1,10 +1,9 @@
 //! `intake-writer restore`.
 
 use intake_common::config::DatabaseArgs;
-use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::durability::DurabilityArgs;
 use intake_writer::restore;
 use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 
 #[derive(clap::Args)]
@@ -43,11 +42,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
         RestoreCommand::Export { to } => restore::save(&restore::export(&pool).await?, &to),
         RestoreCommand::Apply { from } => {
             let export = restore::load(&from)?;
-            let db = Database {
-                pool,
-                durability: Durability::new(&database.url, &durability, Counter::default())?,
-                schema_behind: Default::default(),
-            };
+            let db = Database::for_command(pool, &database.url, &durability)?;
             restore::apply(&db, &export).await
         }
     }

@@ -2,9 +2,8 @@
 
 use intake_common::config::DatabaseArgs;
 use intake_writer::admin;
-use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::durability::DurabilityArgs;
 use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 
 #[derive(clap::Args)]
@@ -46,11 +45,7 @@ pub enum WorkspaceCommand {
 pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let Args { command, database, durability } = args;
     let pool = store::connect(&database.url, 1).await?;
-    let db = Database {
-        pool,
-        durability: Durability::new(&database.url, &durability, Counter::default())?,
-        schema_behind: Default::default(),
-    };
+    let db = Database::for_command(pool, &database.url, &durability)?;
     match command {
         WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
             admin::create_workspace(&db, admin::NewWorkspace { name, project_id, site_restriction, sites }).await
