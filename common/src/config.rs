@@ -54,6 +54,13 @@ pub fn now_ms() -> i64 {
     i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX)
 }
 
+/// Microseconds since the Unix epoch, by the system clock: the instants a write's stages are
+/// timed by across processes.
+pub fn now_us() -> i64 {
+    let now = time::OffsetDateTime::now_utc();
+    i64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(i64::MAX)
+}
+
 pub use crate::log_writer::LogGuard;
 
 /// Structured log lines to stderr, through a buffer that a thread of its own writes

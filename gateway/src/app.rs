@@ -19,7 +19,7 @@ use crate::layers::{Authentication, CheckLayer, QueryString, RequestRateLimit, R
 use crate::metrics::{Metrics, ShedReason};
 use crate::ready::Readiness;
 use crate::request_body::RequestBody;
-use crate::response::{json, Response, X_REQUEST_ID};
+use crate::response::{json, Response, SERVER_TIMING, X_REQUEST_ID};
 use crate::routes::Route;
 use crate::state::AppState;
 use crate::{conversions, openapi, validate_only, workspace};
@@ -115,6 +115,10 @@ async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inne
     }
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
+    let stages = context.timed_stages();
+    if let Some(value) = stages.and_then(|stages| http::HeaderValue::from_str(&stages.header(elapsed)).ok()) {
+        response.headers_mut().insert(SERVER_TIMING, value);
+    }
     metrics.observe(route_name, status, elapsed);
     let principal = context.principal();
     // Ids and names as Display: they need no quoting, and a `&str` field is escaped character
@@ -128,6 +132,7 @@ async fn handle(metrics: &Metrics, mut request: http::Request<RequestBody>, inne
         key_id = principal.map(|(_, key_id)| tracing::field::display(key_id)),
         items = context.item_count(),
         duration_ms = elapsed.as_secs_f64() * 1000.0,
+        stages = stages.map(tracing::field::display),
         "request"
     );
     response

@@ -4,6 +4,7 @@
 
 use crate::api_error::ApiError;
 use crate::auth::Principal;
+use crate::timing::Stages;
 use intake_model::ids;
 use std::sync::{Arc, OnceLock};
 
@@ -20,6 +21,7 @@ pub struct RequestContext {
 struct Facts {
     principal: OnceLock<(Arc<str>, Arc<str>)>,
     items: OnceLock<usize>,
+    stages: OnceLock<Stages>,
 }
 
 impl Default for RequestContext {
@@ -51,6 +53,15 @@ impl RequestContext {
 
     pub fn item_count(&self) -> usize {
         self.facts.items.get().copied().unwrap_or(0)
+    }
+
+    /// Where a write's time went, once it was answered.
+    pub fn stages(&self, stages: Stages) {
+        let _ = self.facts.stages.set(stages);
+    }
+
+    pub fn timed_stages(&self) -> Option<&Stages> {
+        self.facts.stages.get()
     }
 }
 

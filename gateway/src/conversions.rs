@@ -150,7 +150,7 @@ impl Write<'_> {
             return Ok(Vec::new());
         }
         let Write { state, principal, context, received_at_ms, ticket } = self;
-        state
+        let written = state
             .writes
             .write(ChunkedWrite {
                 request_id: &context.id,
@@ -164,7 +164,11 @@ impl Write<'_> {
             .map_err(|error: WriteError| {
                 state.metrics.write_failures.inc();
                 ApiError::Internal(error.to_string())
-            })
+            })?;
+        if let Some(stages) = written.stages {
+            context.stages(stages);
+        }
+        Ok(written.chunks)
     }
 }
 

@@ -22,6 +22,7 @@ mod routes;
 mod server;
 mod sink;
 mod state;
+mod timing;
 mod tls;
 mod validate_only;
 mod workspace;

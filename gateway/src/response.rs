@@ -7,6 +7,8 @@ pub type Response = http::Response<Full<Bytes>>;
 
 // Names the `http` crate has no constants for, made once: a `&str` name is parsed on every insert.
 pub const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+/// Where a write's time went (`timing.rs`).
+pub const SERVER_TIMING: http::HeaderName = http::HeaderName::from_static("server-timing");
 pub const RATELIMIT_LIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit-limit");
 pub const RATELIMIT_REMAINING: http::HeaderName = http::HeaderName::from_static("ratelimit-remaining");
 pub const RATELIMIT_RESET: http::HeaderName = http::HeaderName::from_static("ratelimit-reset");

@@ -4,6 +4,7 @@
 //! database.
 
 use crate::overload::WorkspaceTicket;
+use crate::timing::Stages;
 use intake_model::conversion::Conversion;
 use intake_model::message::ItemResult;
 use std::future::Future;
@@ -37,21 +38,30 @@ pub struct ChunkedWrite<'a> {
     pub ticket: Option<&'a WorkspaceTicket>,
 }
 
-/// Writes a request's chunks and answers with each item's result, chunk by chunk, in order.
+/// What a write's chunks were answered with.
+pub struct Written {
+    /// Each item's result, chunk by chunk, in order.
+    pub chunks: Vec<Vec<ItemResult>>,
+    /// Where the time of the chunk answered last went, when the write path knows.
+    pub stages: Option<Stages>,
+}
+
+/// Writes a request's chunks and answers with each item's result.
 pub trait WriteSink: Send + Sync {
     /// On an error, earlier chunks may be committed (docs/api.md, "POST /v1/conversions/batch").
-    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>>;
+    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Written, WriteError>>;
 
     /// For readiness: `Ok` when a write could be made now, else what fails.
     fn probe(&self) -> BoxFuture<'_, Result<(), String>>;
 }
 
 #[cfg(test)]
-pub use memory::{MemorySink, Outcome};
+pub use memory::{MemorySink, Outcome, MEMORY_STAGES};
 
 #[cfg(test)]
 mod memory {
-    use super::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
+    use super::{BoxFuture, ChunkedWrite, WriteError, WriteSink, Written};
+    use crate::timing::{ReplyLeg, Stages};
     use intake_model::conversion::Conversion;
     use intake_model::ids;
     use intake_model::message::{ItemResult, WriteResult};
@@ -70,6 +80,10 @@ mod memory {
     }
 
     type Key = (String, String, String);
+
+    /// What every write through it says about its stages.
+    pub const MEMORY_STAGES: Stages =
+        Stages { gateway: 0.0, produce: 0.0, fetch: 0.0, queue: 0.0, apply: 0.0, reply: ReplyLeg::Whole(0.0) };
 
     /// A sink that applies nothing to a database: it remembers each conversion by (workspace,
     /// event, external id) and answers created for a new one, unchanged for one equal to what it
@@ -128,7 +142,7 @@ mod memory {
     }
 
     impl WriteSink for MemorySink {
-        fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+        fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
             let ChunkedWrite { workspace_id, chunks, .. } = write;
             let outcome = lock(&self.outcome).clone();
             lock(&self.chunks).extend(chunks.iter().cloned());
@@ -138,10 +152,11 @@ mod memory {
                     Outcome::Hang => std::future::pending::<()>().await,
                     Outcome::Apply => {}
                 }
-                Ok(chunks
+                let chunks = chunks
                     .into_iter()
                     .map(|chunk| chunk.into_iter().map(|conversion| self.apply(workspace_id, conversion)).collect())
-                    .collect())
+                    .collect();
+                Ok(Written { chunks, stages: Some(MEMORY_STAGES) })
             })
         }
 

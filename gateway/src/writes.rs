@@ -5,16 +5,17 @@
 
 use crate::metrics::Metrics;
 use crate::overload::WorkspaceTicket;
-use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink};
-use intake_common::config::{now_ms, KafkaArgs};
+use crate::sink::{BoxFuture, ChunkedWrite, WriteError, WriteSink, Written};
+use crate::timing::{Received, Sent, Stages};
+use intake_common::config::{now_ms, now_us, KafkaArgs};
 use intake_common::kafka;
 use intake_common::kafka_errors::{ConsumeErrors, QuietContext};
 use intake_model::ids;
 use intake_model::message::{
-    ChainMerge, ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1,
+    ChainMerge, ChunkOutcome, ItemResult, RequestPart, WriteReply, WriteRequest, WriteRequestV1, WriterTiming,
 };
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders, Timestamp};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -38,7 +39,7 @@ struct Waiting {
 
 struct Pending {
     /// None once the request stopped waiting.
-    sender: Option<oneshot::Sender<ChunkOutcome>>,
+    sender: Option<oneshot::Sender<Answered>>,
     sent_at: Instant,
     ticket: Option<WorkspaceTicket>,
 }
@@ -52,6 +53,14 @@ const FORGET_AFTER: Duration = Duration::from_secs(60);
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 type Shared = Arc<Mutex<Waiting>>;
+
+/// A chunk's reply as the request waiting for it gets it.
+struct Answered {
+    outcome: ChunkOutcome,
+    /// None from a writer that predates it.
+    timing: Option<WriterTiming>,
+    received: Received,
+}
 
 fn lock(waiting: &Shared) -> std::sync::MutexGuard<'_, Waiting> {
     waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -113,7 +122,7 @@ impl WriteClient {
     /// per broker (common/src/kafka.rs), so chunks of one partition keep their order through
     /// retries, and a batch costs one round trip instead of one per chunk. On an error, earlier chunks may be committed
     /// (docs/api.md, "POST /v1/conversions/batch").
-    async fn request_reply(&self, write: ChunkedWrite<'_>) -> Result<Vec<Vec<ItemResult>>, WriteError> {
+    async fn request_reply(&self, write: ChunkedWrite<'_>) -> Result<Written, WriteError> {
         let ChunkedWrite { request_id, workspace_id, chunks, received_at_ms, started, ticket } = write;
         let deadline = Instant::from_std(started) + self.timeout;
         let left = deadline.saturating_duration_since(Instant::now());
@@ -121,6 +130,7 @@ impl WriteClient {
         let deadline_ms = now_ms() + i64::try_from(left.saturating_sub(margin).as_millis()).unwrap_or(i64::MAX);
         let mut deliveries = Vec::with_capacity(chunks.len());
         let mut replies = Vec::with_capacity(chunks.len());
+        let mut last_sent = None;
         for (index, items) in (0u32..).zip(chunks) {
             let correlation_id = ids::correlation_id();
             let request = WriteRequest::V1(WriteRequestV1 {
@@ -137,6 +147,7 @@ impl WriteClient {
             let (receiver, guard) = PendingGuard::register(&self.waiting, correlation_id.clone(), ticket.cloned());
             let headers = OwnedHeaders::new().insert(Header { key: REQUEST_ID_HEADER, value: Some(request_id) });
             let record = FutureRecord::to(&self.requests_topic).key(workspace_id).payload(&payload).headers(headers);
+            last_sent = Some(Sent { at: std::time::Instant::now(), wall_us: now_us() });
             let delivery = match self.producer.send_result(record) {
                 Ok(delivery) => delivery,
                 Err((error, _)) => {
@@ -153,18 +164,22 @@ impl WriteClient {
                 delivery.await.unwrap_or_else(|error| Err(WriteError::Produce(error.to_string())))?;
             }
             let mut results = Vec::with_capacity(replies.len());
+            let mut stages = None;
             for (receiver, _guard) in replies {
-                match receiver.await {
-                    Ok(ChunkOutcome::Applied { results: chunk, merged }) => {
+                let Ok(Answered { outcome, timing, received }) = receiver.await else {
+                    return Err(WriteError::Timeout);
+                };
+                match outcome {
+                    ChunkOutcome::Applied { results: chunk, merged } => {
                         follow_merges(&mut results, &merged);
                         results.push(chunk);
                     }
-                    Ok(ChunkOutcome::Failed) => return Err(WriteError::Failed),
-                    Ok(ChunkOutcome::Expired) => return Err(WriteError::Expired),
-                    Err(_) => return Err(WriteError::Timeout),
+                    ChunkOutcome::Failed => return Err(WriteError::Failed),
+                    ChunkOutcome::Expired => return Err(WriteError::Expired),
                 }
+                stages = timing.zip(last_sent).map(|(timing, sent)| Stages::of(started, sent, timing, received));
             }
-            Ok(results)
+            Ok(Written { chunks: results, stages })
         };
         tokio::time::timeout_at(deadline, all).await.unwrap_or(Err(WriteError::Timeout))
     }
@@ -196,7 +211,7 @@ impl WriteClient {
 }
 
 impl WriteSink for WriteClient {
-    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Vec<Vec<ItemResult>>, WriteError>> {
+    fn write<'a>(&'a self, write: ChunkedWrite<'a>) -> BoxFuture<'a, Result<Written, WriteError>> {
         Box::pin(self.request_reply(write))
     }
 
@@ -237,7 +252,7 @@ impl PendingGuard {
         waiting: &Shared,
         correlation_id: String,
         ticket: Option<WorkspaceTicket>,
-    ) -> (oneshot::Receiver<ChunkOutcome>, Self) {
+    ) -> (oneshot::Receiver<Answered>, Self) {
         let (sender, receiver) = oneshot::channel();
         let pending = Pending { sender: Some(sender), sent_at: Instant::now(), ticket };
         lock(waiting).chunks.insert(correlation_id.clone(), pending);
@@ -294,6 +309,7 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer<QuietContext>>, waiting: 
                 continue;
             }
         };
+        let received = Received { appended_ms: log_append_time(&message), wall_us: now_us() };
         let reply = match WriteReply::from_slice(message.payload().unwrap_or_default()) {
             Ok(reply) => reply,
             Err(error) => {
@@ -311,8 +327,16 @@ async fn dispatch_replies(consumer: Arc<StreamConsumer<QuietContext>>, waiting: 
         if let Some(sender) = pending.sender {
             metrics.kafka_roundtrip.observe(pending.sent_at.elapsed().as_secs_f64());
             let WriteReply::V1(reply) = reply;
-            let _ = sender.send(reply.outcome);
+            let _ = sender.send(Answered { outcome: reply.outcome, timing: reply.timing, received });
         }
+    }
+}
+
+/// The broker's append time of a reply, on a replies topic that stamps it.
+fn log_append_time(message: &impl Message) -> Option<i64> {
+    match message.timestamp() {
+        Timestamp::LogAppendTime(ms) => Some(ms),
+        Timestamp::CreateTime(_) | Timestamp::NotAvailable => None,
     }
 }
 

@@ -128,6 +128,24 @@ fn unknown_version(version: &str) -> serde_json::Error {
 pub struct WriteReplyV1 {
     pub correlation_id: String,
     pub outcome: ChunkOutcome,
+    /// When the writer handled the message, for the gateway's `Server-Timing`. Absent from
+    /// writers that predate it, and a gateway that predates it ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<WriterTiming>,
+}
+
+/// A request message's way through the writer (docs/operations.md, "Where a write's time
+/// goes"): the broker's append time in epoch ms (its clock), then the writer's instants in
+/// epoch µs (its clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterTiming {
+    pub appended_ms: i64,
+    /// Read from the requests topic.
+    pub read_us: i64,
+    /// Taken by a worker.
+    pub taken_us: i64,
+    /// Committed (on the HA layout: and on a synchronous standby), its reply about to be sent.
+    pub committed_us: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -240,7 +258,10 @@ mod tests {
         let old = r#"{"v":"1","correlation_id":"c","outcome":{"status":"applied","results":[]}}"#;
         let read = WriteReply::from_slice(old.as_bytes()).ok();
         let expected = ChunkOutcome::Applied { results: Vec::new(), merged: Vec::new() };
-        assert_eq!(read, Some(WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome: expected })));
+        assert_eq!(
+            read,
+            Some(WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome: expected, timing: None }))
+        );
         let new = old.replace(r#""results":[]"#, r#""results":[],"merged":[{"from":"chn_b","into":"chn_a"}]"#);
         #[derive(Deserialize)]
         #[serde(tag = "status", rename_all = "snake_case")]
@@ -301,9 +322,29 @@ mod tests {
             ChunkOutcome::Failed,
             ChunkOutcome::Expired,
         ] {
-            let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome });
+            let reply = WriteReply::V1(WriteReplyV1 { correlation_id: "c".into(), outcome, timing: None });
             let bytes = serde_json::to_vec(&reply).unwrap_or_default();
             assert_eq!(WriteReply::from_slice(&bytes).ok(), Some(reply));
         }
+    }
+
+    /// Writers that predate the timing send none; a gateway that predates it reads the rest.
+    #[test]
+    fn the_timing_is_optional_both_ways() {
+        let timing = WriterTiming { appended_ms: 1, read_us: 2_000, taken_us: 2_100, committed_us: 5_000 };
+        let reply = WriteReply::V1(WriteReplyV1 {
+            correlation_id: "c".into(),
+            outcome: ChunkOutcome::Failed,
+            timing: Some(timing),
+        });
+        let bytes = serde_json::to_vec(&reply).unwrap_or_default();
+        assert_eq!(WriteReply::from_slice(&bytes).ok(), Some(reply));
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Older {
+            correlation_id: String,
+            outcome: ChunkOutcome,
+        }
+        assert!(serde_json::from_slice::<Older>(&bytes).is_ok());
     }
 }

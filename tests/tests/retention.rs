@@ -55,6 +55,7 @@ async fn topics_get_their_retentions_and_the_writer_prunes_by_dropping_ranges() 
     assert_eq!(settings["retention.ms"], "86400000");
     assert_eq!(settings["segment.ms"], "3600000", "a message outlives its retention by an hour at most");
     assert_eq!(settings["message.timestamp.type"], "LogAppendTime");
+    assert_eq!(described(&replies).await["message.timestamp.type"], "LogAppendTime", "for Server-Timing");
     assert_eq!(described(&dlq).await["retention.ms"], "1209600000", "dead letters: 14 days");
 
     // Run again with shorter retentions: a longer one, as an operator raises it during an

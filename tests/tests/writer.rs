@@ -162,6 +162,27 @@ async fn a_request_can_be_followed_from_the_gateway_into_the_writer_by_its_reque
     let reply = stack.post("/v1/conversions", &key, &conversion("lead")).await;
     assert_eq!(reply.status, 201);
     let request_id = reply.header("x-request-id").unwrap_or_else(|| panic!("no request id: {reply:?}")).to_owned();
+
+    // Where its time went, stage by stage, in the order it went through them; together they
+    // are the request's time.
+    let timing = reply.header("server-timing").unwrap_or_else(|| panic!("no Server-Timing: {reply:?}")).to_owned();
+    let stages: Vec<(&str, f64)> = timing
+        .split(", ")
+        .map(|stage| {
+            let (name, duration) = stage.split_once(";dur=").unwrap_or_else(|| panic!("{timing}"));
+            (name, duration.parse().unwrap_or_else(|e| panic!("{timing}: {e}")))
+        })
+        .collect();
+    let names: Vec<&str> = stages.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        names,
+        ["gateway", "produce", "fetch", "queue", "apply", "reply-produce", "reply-read", "total"],
+        "{timing}"
+    );
+    let (parts, total) = stages.split_at(stages.len() - 1);
+    let sum: f64 = parts.iter().map(|(_, ms)| ms).sum();
+    assert!(parts.iter().all(|(_, ms)| *ms >= 0.0) && sum <= total[0].1 + 1.0, "{timing}");
+    assert!(parts.iter().find(|(name, _)| *name == "apply").is_some_and(|(_, ms)| *ms > 0.0), "{timing}");
     let mut logs = String::new();
     for _ in 0..50 {
         logs = stack.logs();
@@ -173,6 +194,8 @@ async fn a_request_can_be_followed_from_the_gateway_into_the_writer_by_its_reque
     let gateway_line = logs.lines().find(|l| l.contains(&request_id) && l.contains("intake_gateway"));
     let writer_line = logs.lines().find(|l| l.contains(&request_id) && l.contains("intake_writer"));
     assert!(gateway_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains(&key.key_id)), "{logs}");
+    let stages = &timing[..timing.find(", total;").unwrap_or(timing.len())];
+    assert!(gateway_line.is_some_and(|l| l.contains(stages)), "the log line names the stages too: {logs}");
     assert!(writer_line.is_some_and(|l| l.contains(&key.workspace_id) && l.contains("applied")), "{logs}");
 }
 

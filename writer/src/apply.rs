@@ -20,6 +20,7 @@ use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
 use crate::store::{Chunk, Database, Fence, Lock, Run, WorkspaceRun};
+use intake_common::config::now_us;
 use intake_model::message::{ChunkOutcome, ErasureV1, RequestPart, WriteRequestV1};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -259,6 +260,7 @@ impl Worker {
                 failpoint.hit(&group.group().workspace_id);
             }
         }
+        let taken_us = now_us();
         let requests: Vec<Vec<&WriteRequestV1>> =
             taken.iter().map(|t| t.group().messages.iter().filter_map(|q| applicable(&q.message)).collect()).collect();
         let runs: Vec<WorkspaceRun<'_>> =
@@ -291,7 +293,7 @@ impl Worker {
                 Run::Busy | Run::Superseded => (group, Vec::new()),
             })
             .collect();
-        self.answer(answered.iter().map(|(t, answers)| (t.group(), answers.as_slice())), abort).await;
+        self.answer(answered.iter().map(|(t, answers)| (t.group(), answers.as_slice())), taken_us, abort).await;
         for (group, answers) in answered {
             self.conclude(group, answers.len());
         }
@@ -307,8 +309,9 @@ impl Worker {
             self.apply_pauses();
             return Ok(());
         }
+        let taken_us = now_us();
         let answers = self.handle(group, abort).await?;
-        self.answer(std::iter::once((group, answers.as_slice())), abort).await;
+        self.answer(std::iter::once((group, answers.as_slice())), taken_us, abort).await;
         if group.generation != self.partitions.generation() {
             // Superseded while in hand (`store::Fence`): what is left of it is read again.
             self.scheduler.rebalanced(self.partitions.generation());
@@ -595,12 +598,15 @@ impl Worker {
         }
     }
 
-    /// Logs and counts the groups' answered messages, and sends their replies together.
+    /// Logs and counts the groups' answered messages, and sends their replies together, each
+    /// with its way through the writer since a worker took it at `taken_us`.
     async fn answer<'g>(
         &self,
         groups: impl Iterator<Item = (&'g Group<Inbound>, &'g [Answer])>,
+        taken_us: i64,
         shutdown: &mut watch::Receiver<bool>,
     ) {
+        let committed_us = now_us();
         let answered: Vec<(&Inbound, &Answer)> =
             groups.flat_map(|(group, answers)| group.messages.iter().map(|q| &q.message).zip(answers)).collect();
         for &(message, answer) in &answered {
@@ -614,7 +620,8 @@ impl Worker {
             .filter(|(message, answer)| answer.reply && !message.answered_before)
             .filter_map(|(message, answer)| {
                 let (correlation_id, partition, deadline_ms) = message.reply_to()?;
-                Some(Reply { correlation_id, partition, deadline_ms, outcome: answer.outcome.clone() })
+                let timing = message.timing(taken_us, committed_us);
+                Some(Reply { correlation_id, partition, deadline_ms, outcome: answer.outcome.clone(), timing })
             })
             .collect();
         // Interrupted at shutdown: the messages stay uncommitted for the partition's next owner.

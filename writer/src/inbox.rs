@@ -6,8 +6,11 @@
 
 use crate::expiry;
 use crate::metrics::{self, Metrics};
+use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
-use intake_model::message::{ChunkOutcome, ErasureV1, LogPosition, RequestPart, WriteRequest, WriteRequestV1};
+use intake_model::message::{
+    ChunkOutcome, ErasureV1, LogPosition, RequestPart, WriteRequest, WriteRequestV1, WriterTiming,
+};
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 use std::future::Future;
@@ -28,6 +31,8 @@ pub struct Inbound {
     /// Read again by a rewind, below what was answered before it (`rewind.rs`): applied if the
     /// database lacks it, but neither replied to nor dead-lettered a second time.
     pub answered_before: bool,
+    /// When it was read (epoch µs), for the reply's [`WriterTiming`].
+    pub read_us: i64,
 }
 
 #[derive(Debug)]
@@ -108,7 +113,7 @@ impl Inbound {
             }
         };
         let (partition, offset) = (message.partition(), message.offset());
-        (Inbound { partition, offset, request_id, body, answered_before: false }, bytes)
+        (Inbound { partition, offset, request_id, body, answered_before: false, read_us: now_us() }, bytes)
     }
 
     /// The workspace whose queue it goes to: the one it names, else its Kafka key (the gateway
@@ -136,6 +141,16 @@ impl Inbound {
             }
             Body::Erasure(_) => None,
         }
+    }
+
+    /// Its way through this writer, for its reply, once a worker that took it at `taken_us`
+    /// has committed it; none for a message without the broker's append time.
+    pub fn timing(&self, taken_us: i64, committed_us: i64) -> Option<WriterTiming> {
+        let position = match &self.body {
+            Body::Request(request) | Body::Expired(request) => request.position?,
+            Body::Unreadable(_) | Body::Erasure(_) => return None,
+        };
+        Some(WriterTiming { appended_ms: position.appended_ms, read_us: self.read_us, taken_us, committed_us })
     }
 
     /// Its place in its HTTP request, when known.

@@ -7,7 +7,7 @@ use crate::inbox::{Body, BoxFuture, Inbound};
 use crate::metrics::{self, Metrics};
 use crate::retry::{shutdown_asked, Classify, Failure, Interrupted, Policy, Stop};
 use intake_common::kafka_errors::QuietContext;
-use intake_model::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1};
+use intake_model::message::{ChunkOutcome, WriteReply, WriteReplyV1, WriteRequest, WriteRequestV1, WriterTiming};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -149,6 +149,7 @@ pub struct Reply<'a> {
     /// Epoch ms after which nobody waits for it (none: tried through outages until sent).
     pub deadline_ms: Option<i64>,
     pub outcome: ChunkOutcome,
+    pub timing: Option<WriterTiming>,
 }
 
 /// What a dead letter says about why (its Kafka headers).
@@ -197,7 +198,7 @@ impl Outbox {
         let deliveries: Vec<Delivery> = replies
             .iter()
             .map(|reply| {
-                let payload = reply_payload(reply.correlation_id, &reply.outcome);
+                let payload = reply_payload(reply.correlation_id, &reply.outcome, reply.timing);
                 self.sender.send(&self.reply_record(reply.correlation_id, reply.partition, &payload))
             })
             .collect();
@@ -214,8 +215,8 @@ impl Outbox {
     }
 
     async fn reply(&self, reply: Reply<'_>, shutdown: &mut watch::Receiver<bool>) -> Result<(), Interrupted> {
-        let Reply { correlation_id, partition, deadline_ms, outcome } = reply;
-        let payload = reply_payload(correlation_id, &outcome);
+        let Reply { correlation_id, partition, deadline_ms, outcome, timing } = reply;
+        let payload = reply_payload(correlation_id, &outcome, timing);
         let send = || self.sender.send(&self.reply_record(correlation_id, partition, &payload));
         // A permanent failure (a reply partition that does not exist) is given up on too.
         match self.policy.run("reply", &self.metrics, deadline_ms.map(deadline_instant), shutdown, send).await {
@@ -344,8 +345,9 @@ fn deadline_instant(deadline_ms: i64) -> Instant {
     Instant::now() + Duration::from_millis(u64::try_from(left).unwrap_or(0))
 }
 
-fn reply_payload(correlation_id: &str, outcome: &ChunkOutcome) -> Vec<u8> {
-    let reply = WriteReply::V1(WriteReplyV1 { correlation_id: correlation_id.to_owned(), outcome: outcome.clone() });
+fn reply_payload(correlation_id: &str, outcome: &ChunkOutcome, timing: Option<WriterTiming>) -> Vec<u8> {
+    let correlation_id = correlation_id.to_owned();
+    let reply = WriteReply::V1(WriteReplyV1 { correlation_id, outcome: outcome.clone(), timing });
     serde_json::to_vec(&reply).unwrap_or_default()
 }
 
@@ -465,8 +467,20 @@ mod tests {
         let outbox = outbox(sender.clone());
         sender.fail_next([KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)]);
         let replies = vec![
-            Reply { correlation_id: "c1", partition: 2, deadline_ms: Some(i64::MAX), outcome: ChunkOutcome::Failed },
-            Reply { correlation_id: "c2", partition: 3, deadline_ms: None, outcome: ChunkOutcome::Expired },
+            Reply {
+                correlation_id: "c1",
+                partition: 2,
+                deadline_ms: Some(i64::MAX),
+                outcome: ChunkOutcome::Failed,
+                timing: None,
+            },
+            Reply {
+                correlation_id: "c2",
+                partition: 3,
+                deadline_ms: None,
+                outcome: ChunkOutcome::Expired,
+                timing: None,
+            },
         ];
         assert!(outbox.reply_all(replies, &mut never().1).await.is_ok());
         let sent = sender.sent_to("replies");
@@ -485,7 +499,13 @@ mod tests {
         let sender = Arc::new(MemorySender::new(4));
         let outbox = outbox(sender.clone());
         sender.fail_next(vec![KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut); 2]);
-        let late = Reply { correlation_id: "c", partition: 1, deadline_ms: Some(0), outcome: ChunkOutcome::Failed };
+        let late = Reply {
+            correlation_id: "c",
+            partition: 1,
+            deadline_ms: Some(0),
+            outcome: ChunkOutcome::Failed,
+            timing: None,
+        };
         assert!(outbox.reply_all(vec![late], &mut never().1).await.is_ok());
         assert!(sender.sent_to("replies").is_empty());
         assert_eq!(outbox.metrics.replies_dropped.get(), 1);

@@ -51,9 +51,13 @@ fn settings(kafka: &KafkaArgs, counts: &TopicCounts) -> Vec<(String, Vec<(&'stat
     // The broker's append time is the time of a request message, not the sender's: a writer
     // refuses a chunk appended after its deadline (writer/src/expiry.rs).
     requests.push(("message.timestamp.type", "LogAppendTime".to_owned()));
+    // A reply's append time splits its way into the reply's produce and its read, in the
+    // gateway's Server-Timing.
+    let mut replies = common(counts.retention_ms);
+    replies.push(("message.timestamp.type", "LogAppendTime".to_owned()));
     vec![
         (kafka.requests_topic.clone(), requests),
-        (kafka.replies_topic.clone(), common(counts.retention_ms)),
+        (kafka.replies_topic.clone(), replies),
         (kafka.dlq_topic.clone(), common(counts.dlq_retention_ms)),
     ]
 }

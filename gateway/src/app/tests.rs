@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::overload::{Admission, AdmittedWrite};
 use crate::ratelimit::Counter;
 use crate::request_body::RequestBody;
-use crate::sink::{MemorySink, Outcome, WriteError};
+use crate::sink::{MemorySink, Outcome, WriteError, MEMORY_STAGES};
 use crate::state::AppState;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -499,6 +499,25 @@ async fn a_batch_envelope_that_is_wrong_is_422_for_the_whole_request() {
     }
     let reply = api.post(BATCH, Some("svc_live_good"), "[1,").await;
     assert_eq!((reply.status, reply.code()), (400, "invalid_json"));
+}
+
+#[tokio::test]
+async fn a_written_request_says_where_its_time_went_and_others_do_not() {
+    let api = api();
+    let batch = json!({ "conversions": [conversion("B1"), conversion("B2")] });
+    for reply in [
+        api.post_json(SINGLE, "svc_live_good", &conversion("A1")).await,
+        api.post_json(BATCH, "svc_live_good", &batch).await,
+    ] {
+        let timing = reply.header("server-timing").unwrap_or_default();
+        let stages = MEMORY_STAGES.to_string();
+        assert!(timing.starts_with(&format!("{stages}, total;dur=")), "{timing}");
+    }
+    let validated = api.post_json(VALIDATE, "svc_live_good", &batch).await;
+    assert_eq!((validated.status, validated.header("server-timing")), (200, None), "nothing was written");
+    api.sink.set(Outcome::Fail(WriteError::Timeout));
+    let failed = api.post_json(SINGLE, "svc_live_good", &conversion("A1")).await;
+    assert_eq!((failed.status, failed.header("server-timing")), (500, None));
 }
 
 #[tokio::test]
