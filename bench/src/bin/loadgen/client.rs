@@ -18,6 +18,9 @@ pub struct Planned {
 pub struct Answer {
     pub status: u16,
     pub body: Bytes,
+    /// Where a written request's time went (timing.rs), and its id in the services' logs.
+    pub server_timing: Option<http::HeaderValue>,
+    pub request_id: Option<http::HeaderValue>,
 }
 
 pub struct Connection {
@@ -73,9 +76,11 @@ impl Connection {
         };
         let response = sender.send_request(request.body(Full::new(body))?).await?;
         let status = response.status().as_u16();
+        let header = |name: &str| response.headers().get(name).cloned();
+        let (server_timing, request_id) = (header("server-timing"), header("x-request-id"));
         let body = response.into_body().collect().await?.to_bytes();
         self.sender = Some(sender);
         self.last_answer = std::time::Instant::now();
-        Ok(Answer { status, body })
+        Ok(Answer { status, body, server_timing, request_id })
     }
 }

@@ -28,6 +28,7 @@ mod report;
 mod sized;
 mod soak;
 mod stages;
+mod timing;
 mod wrk;
 
 use bodies::{Generator, BATCH_ITEMS};

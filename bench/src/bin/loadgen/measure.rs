@@ -1,10 +1,12 @@
 //! Driving a scenario and recording it: closed loop (N clients, each sending its next request
 //! when the last is answered) and open loop (a fixed rate, each latency counted from the time
 //! the request was due, so a stall shows as latency instead of as fewer requests). Latencies go
-//! into HDR histograms in microseconds.
+//! into HDR histograms in microseconds, and where each answered write's time went (its
+//! `Server-Timing` header) into a tally by latency (timing.rs).
 
 use crate::bodies::BATCH_ITEMS;
 use crate::client::{Answer, Connection, Planned};
+use crate::timing::Tally;
 use hdrhistogram::Histogram;
 use intake_tests::serde_json::{self, json, Value};
 use std::sync::{Arc, Mutex};
@@ -72,6 +74,8 @@ pub struct Recorder {
     /// The first [`SLOW_KEPT`] requests recorded by [`Recorder::record_now`] that took longer
     /// than [`SLOW`], with when each started: the shape of a stall.
     pub slow: Vec<(std::time::SystemTime, Duration)>,
+    /// The stages of every answered write, by latency, and the slowest writes whole.
+    pub stages: Tally,
 }
 
 pub const SLOW: Duration = Duration::from_millis(50);
@@ -89,6 +93,18 @@ impl Recorder {
             first_error: None,
             slowest_started: None,
             slow: Vec::new(),
+            stages: Tally::default(),
+        }
+    }
+
+    /// Where an answered request's time went, as its `Server-Timing` header says; nothing for
+    /// an answer without one (a refusal, a read, a failed write).
+    pub fn place(&mut self, took: Duration, answer: &Answer) {
+        fn text(value: &Option<http::HeaderValue>) -> Option<&str> {
+            value.as_ref().and_then(|v| v.to_str().ok())
+        }
+        if let Some(server_timing) = text(&answer.server_timing) {
+            self.stages.add_answer(took, server_timing, text(&answer.request_id));
         }
     }
 
@@ -132,6 +148,7 @@ impl Recorder {
         self.slow.extend(other.slow);
         self.slow.sort();
         self.slow.truncate(SLOW_KEPT);
+        self.stages.merge(other.stages);
         self.requests += other.requests;
         self.items += other.items;
         self.errors += other.errors;
@@ -219,14 +236,19 @@ pub async fn closed_loop(targets: &[String], clients: usize, duration: Duration,
                     let (planned, expect) = plan(c, k);
                     k += 1;
                     let sent = Instant::now();
-                    let outcome = match connection.send(&planned).await {
-                        Ok(answer) => expect.judge(&answer),
+                    let answer = connection.send(&planned).await;
+                    let outcome = match &answer {
+                        Ok(answer) => expect.judge(answer),
                         Err(error) => Err(format!("transport: {error}")),
                     };
+                    let took = sent.elapsed();
                     if Instant::now() <= deadline {
-                        recorder.record_now(sent.elapsed(), outcome);
+                        recorder.record_now(took, outcome);
                     } else {
-                        recorder.record_late(sent.elapsed(), outcome);
+                        recorder.record_late(took, outcome);
+                    }
+                    if let Ok(answer) = &answer {
+                        recorder.place(took, answer);
                     }
                 }
                 recorder
@@ -294,9 +316,10 @@ pub async fn open_loop_observed(
                 opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Connection::new(&targets[target])
             });
-            let outcome = match connection.send(&planned).await {
+            let answer = connection.send(&planned).await;
+            let outcome = match &answer {
                 Ok(answer) => {
-                    let outcome = expect.judge(&answer);
+                    let outcome = expect.judge(answer);
                     observe(k, Some((answer.status, outcome.is_ok())));
                     outcome
                 }
@@ -307,7 +330,11 @@ pub async fn open_loop_observed(
             };
             let took = due.elapsed();
             idle[target].lock().unwrap_or_else(|p| p.into_inner()).push(connection);
-            recorder.lock().unwrap_or_else(|p| p.into_inner()).record_now(took, outcome);
+            let mut recorder = recorder.lock().unwrap_or_else(|p| p.into_inner());
+            recorder.record_now(took, outcome);
+            if let Ok(answer) = &answer {
+                recorder.place(took, answer);
+            }
         }));
         in_flight.retain(|task| !task.is_finished());
     }
@@ -331,7 +358,7 @@ mod tests {
     use super::*;
 
     fn answer(status: u16, body: &str) -> Answer {
-        Answer { status, body: bytes::Bytes::from(body.to_owned()) }
+        Answer { status, body: bytes::Bytes::from(body.to_owned()), server_timing: None, request_id: None }
     }
 
     fn summary(created: usize, unchanged: usize, failed: usize) -> String {

@@ -1,8 +1,10 @@
 //! report.json (the keys its readers check, then the context a reader needs to trust them) and
 //! report.md (a table per scenario, the targets, and for each missed target the stage that
-//! bounds it, from the CPU each process used and the writer's own timers).
+//! bounds it, from the CPU each process used and the writer's own timers, and for a latency
+//! target the stage its requests' time went to, from each answered write's `Server-Timing`).
 
-use crate::measure::{round1, round2, Counted};
+use crate::measure::{round1, round2, Counted, Recorder};
+use crate::timing::{Band, Slow, Tally};
 use crate::{Config, Scenario};
 use intake_tests::serde_json::{self, json, Value};
 use std::fmt::Write;
@@ -102,6 +104,9 @@ struct Target {
     unit: &'static str,
     /// The scenario whose stages explain a miss.
     scenario: &'static str,
+    /// The quantile a latency target is of: its miss is placed in the stages of the
+    /// requests about it (timing.rs).
+    quantile: Option<f64>,
 }
 
 impl Target {
@@ -162,6 +167,145 @@ fn bound_by(scenario: &Scenario, cores_total: f64) -> String {
     text
 }
 
+/// A band of a scenario's answered writes by latency: its bounds in ms and its requests' means
+/// (timing.rs).
+struct Banded {
+    from_ms: f64,
+    to_ms: f64,
+    band: Band,
+}
+
+impl Banded {
+    /// The requests whose latency lies from quantile `from` to quantile `to` of the scenario's.
+    fn of(recorder: &Recorder, from: f64, to: f64) -> Banded {
+        let at = |q: f64| recorder.latency.value_at_quantile(q);
+        let (from_us, to_us) = (at(from), if to >= 1.0 { recorder.latency.max() } else { at(to) });
+        let us = std::time::Duration::from_micros;
+        #[allow(clippy::cast_precision_loss)]
+        let ms = |us: u64| us as f64 / 1000.0;
+        Banded { from_ms: ms(from_us), to_ms: ms(to_us), band: recorder.stages.band(us(from_us), us(to_us)) }
+    }
+
+    fn to_json(&self, tally: &Tally) -> Value {
+        let b = &self.band;
+        let mean: serde_json::Map<String, Value> =
+            tally.named().map(|(i, name)| (name.to_owned(), json!(round2(b.stages.ms[i])))).collect();
+        json!({
+            "from_ms": round2(self.from_ms),
+            "to_ms": round2(self.to_ms),
+            "requests": b.requests,
+            "latency_ms": round2(b.latency_ms),
+            "mean_ms": mean,
+            "dominant": b.dominant().map(|(stage, ms, share)| json!({ "stage": stage, "ms": round2(ms), "share": round2(share) })),
+        })
+    }
+
+    /// "(60 requests of 40.10–74.00 ms, mean 52.3 ms) 31.2 ms in apply (70 %), 6.1 in fetch (14 %), …"
+    fn in_words(&self) -> String {
+        format!(
+            "({} requests of {:.2}–{:.2} ms, mean {:.1} ms) {}",
+            self.band.requests,
+            self.from_ms,
+            self.to_ms,
+            self.band.latency_ms,
+            self.band.in_words(4)
+        )
+    }
+}
+
+/// The slowest 1 % of a scenario's answered writes, from its p99 up.
+fn slowest_percent(recorder: &Recorder) -> Banded {
+    Banded::of(recorder, 0.99, 1.0)
+}
+
+/// The median's band, p45 to p55: what a request that is not slow spends, beside the slowest.
+fn median_band(recorder: &Recorder) -> Banded {
+    Banded::of(recorder, 0.45, 0.55)
+}
+
+/// report.json's `stages` of a scenario: where the time of its slowest 1 % and of its median's
+/// band went, and its slowest requests whole, with their ids to find them in the services'
+/// logs; none when no answer carried `Server-Timing` (reads, refusals, the baselines).
+fn stages_json(recorder: &Recorder) -> Option<Value> {
+    let tally = &recorder.stages;
+    let timed = tally.requests();
+    if timed == 0 {
+        return None;
+    }
+    let slow = |s: &Slow| {
+        json!({
+            "ms": round2(s.latency.as_secs_f64() * 1000.0),
+            "started_at": utc(s.started),
+            "request_id": s.request_id,
+            "server_timing": s.server_timing,
+            "client_ms": round2(s.stages.ms[crate::timing::CLIENT]),
+            "most_in": s.stages.largest().map(|(stage, _)| stage),
+        })
+    };
+    Some(json!({
+        "timed_requests": timed,
+        "slowest_1_percent": slowest_percent(recorder).to_json(tally),
+        "median_band": median_band(recorder).to_json(tally),
+        "slowest": tally.slowest.iter().map(slow).collect::<Vec<_>>(),
+    }))
+}
+
+/// report.md's table of where the slowest 1 % and the median's band went.
+fn stages_table(md: &mut String, recorder: &Recorder) {
+    let tally = &recorder.stages;
+    if tally.requests() == 0 {
+        return;
+    }
+    let named: Vec<(usize, &str)> = tally.named().collect();
+    let _ = writeln!(
+        md,
+        "Where the slowest 1 % went, from each answered write's `Server-Timing` (mean ms a request; `rest`: the gateway's time no stage covers, `client`: the latency seen here beyond the gateway's total):\n"
+    );
+    let names = named.iter().map(|(_, name)| *name).collect::<Vec<_>>().join(" | ");
+    let _ =
+        writeln!(md, "| requests | n | latency | {names} | most in |\n|---|---|---|{}---|", "---|".repeat(named.len()));
+    for (label, banded) in [("slowest 1 %", slowest_percent(recorder)), ("median band, p45–p55", median_band(recorder))]
+    {
+        let b = &banded.band;
+        let each = named.iter().map(|(i, _)| format!("{:.2}", b.stages.ms[*i])).collect::<Vec<_>>().join(" | ");
+        let most = b.dominant().map_or(String::new(), |(stage, _, share)| format!("{stage} ({:.0} %)", share * 100.0));
+        let _ = writeln!(
+            md,
+            "| {label} ({:.2}–{:.2} ms) | {} | {:.2} | {each} | {most} |",
+            banded.from_ms, banded.to_ms, b.requests, b.latency_ms
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// A missed latency target placed in the stages: for a tail quantile, where the time of the
+/// requests at or above it went (the slowest 1 % for a p99), with the median's band beside it;
+/// for a p50, where the median's band's went. None for a target of no quantile or a scenario
+/// without `Server-Timing`.
+fn placed(target: &Target, scenario: &Scenario) -> Option<String> {
+    let quantile = target.quantile?;
+    let recorder = &scenario.measured.recorder;
+    if recorder.stages.requests() == 0 {
+        return None;
+    }
+    let missed = format!(
+        "p{:.0} {}{} {} {}{}",
+        quantile * 100.0,
+        target.measured,
+        target.unit,
+        if target.at_least { "<" } else { "≥" },
+        target.limit,
+        target.unit
+    );
+    let median = format!("at the median {}", median_band(recorder).in_words());
+    Some(if quantile >= 0.9 {
+        let tail = Banded::of(recorder, quantile, 1.0);
+        format!("{missed}: of the slowest {:.0} % {}; {median}", (1.0 - quantile) * 100.0, tail.in_words())
+    } else {
+        format!("{missed}: {median}")
+    })
+}
+
 pub fn render(run: &Run) -> (Value, String) {
     let config = run.config;
     let cores_total = run.machine["cores"].as_f64().unwrap_or(1.0);
@@ -195,6 +339,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: "batch_ingest",
+            quantile: None,
         },
         Target {
             name: "batch_ingest / direct_apply",
@@ -203,6 +348,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: "batch_ingest",
+            quantile: None,
         },
         Target {
             name: "single_200rps p50",
@@ -211,6 +357,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: false,
             unit: " ms",
             scenario: "single_200rps",
+            quantile: Some(0.5),
         },
         Target {
             name: "single_200rps p99",
@@ -219,6 +366,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: false,
             unit: " ms",
             scenario: "single_200rps",
+            quantile: Some(0.99),
         },
         Target {
             name: "reject_401 requests/s",
@@ -227,6 +375,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: "reject_401",
+            quantile: None,
         },
         Target {
             name: "reject_422 requests/s",
@@ -235,6 +384,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: "reject_422",
+            quantile: None,
         },
         Target {
             name: "gateway peak RSS",
@@ -243,6 +393,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: false,
             unit: " MiB",
             scenario: "batch_ingest",
+            quantile: None,
         },
     ];
     let mut targets = targets.to_vec();
@@ -254,6 +405,7 @@ pub fn render(run: &Run) -> (Value, String) {
         at_least: false,
         unit: " ms",
         scenario: leak(scenario),
+        quantile: Some(0.99),
     };
     // The single sends' tail at every size, as on empty tables.
     for size in &run.sized {
@@ -270,6 +422,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: leak(format!("batch_ingest_{label}")),
+            quantile: None,
         });
         targets.push(Target {
             name: leak(format!("batch_ingest_{label} / batch_ingest")),
@@ -278,6 +431,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: true,
             unit: "",
             scenario: leak(format!("batch_ingest_{label}")),
+            quantile: None,
         });
         targets.push(Target {
             name: leak(format!("erase_{label} lock held")),
@@ -286,6 +440,7 @@ pub fn render(run: &Run) -> (Value, String) {
             at_least: false,
             unit: " ms",
             scenario: leak(format!("batch_ingest_{label}")),
+            quantile: None,
         });
         // Index bytes per stored conversion against the old shape's, loaded with the same rows.
         let (lean, old) = (
@@ -300,6 +455,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 at_least: true,
                 unit: "",
                 scenario: leak(format!("batch_ingest_{label}")),
+                quantile: None,
             });
         }
         if get(&format!("batch_ingest_{label}_capped")).is_some() {
@@ -310,6 +466,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 at_least: true,
                 unit: "",
                 scenario: leak(format!("batch_ingest_{label}_capped")),
+                quantile: None,
             });
             targets.push(single_p99(format!("single_200rps_{label}_capped"), 25.0));
         }
@@ -322,7 +479,11 @@ pub fn render(run: &Run) -> (Value, String) {
             let mut value = json!({ "target": t.name, "measured": t.measured, "limit": t.limit, "at_least": t.at_least, "met": t.met() });
             if !t.met() {
                 if let Some(scenario) = get(t.scenario) {
-                    value["bound_by"] = json!(bound_by(scenario, cores_total));
+                    let bound = bound_by(scenario, cores_total);
+                    value["bound_by"] = json!(match placed(t, scenario) {
+                        Some(placed) => format!("{placed}. Over the whole run: {bound}"),
+                        None => bound,
+                    });
                 }
             }
             value
@@ -347,6 +508,7 @@ pub fn render(run: &Run) -> (Value, String) {
                 "slow_requests": recorder.slow.iter().map(|(at, took)| json!([utc(*at), round2(took.as_secs_f64() * 1000.0)])).collect::<Vec<_>>(),
                 "cores": scenario.cores,
                 "writer_stage": scenario.writer,
+                "stages": stages_json(recorder),
             }),
         );
     }
@@ -577,6 +739,7 @@ fn markdown(run: &Run, report: &Value, targets: &[Target]) -> String {
         if let Some(w) = &scenario.writer {
             let _ = writeln!(md, "Stages: {}.\n", stages_text(w));
         }
+        stages_table(&mut md, &scenario.measured.recorder);
     }
 
     if !run.scale.is_empty() {
@@ -1007,5 +1170,73 @@ mod tests {
             assert!(text.contains(&format!("preloaded to {size} stored conversions")), "{name}: {text}");
         }
         assert_eq!(describe("no_such_scenario", &config), "");
+    }
+
+    /// 985 writes of 4 ms, 2 of them in apply, and 15 of 50 ms, 40 of them in apply.
+    fn stalled() -> Scenario {
+        let mut recorder = Recorder::new();
+        let header = |apply: f64, total: f64| {
+            format!("gateway;dur=0.5, produce;dur=0.5, fetch;dur=0.5, queue;dur=0, apply;dur={apply}, reply-produce;dur=0.2, reply-read;dur=0.3, total;dur={total}")
+        };
+        for k in 0..1000u32 {
+            let (took, apply) = if k < 15 { (50, 40.0) } else { (4, 2.0) };
+            let took = std::time::Duration::from_millis(took);
+            recorder.record(took, Ok(1));
+            let answer = crate::client::Answer {
+                status: 201,
+                body: bytes::Bytes::new(),
+                server_timing: http::HeaderValue::from_str(&header(apply, apply + 2.0)).ok(),
+                request_id: http::HeaderValue::from_str(&format!("req-{k}")).ok(),
+            };
+            recorder.place(took, &answer);
+        }
+        let measured = crate::measure::Measured {
+            recorder,
+            elapsed: std::time::Duration::from_secs(5),
+            concurrency: String::new(),
+        };
+        Scenario { measured, counted: Counted::Requests, cores: json!({}), writer: None }
+    }
+
+    #[test]
+    fn a_missed_p99_says_which_stage_the_slowest_requests_time_went_to() {
+        let scenario = stalled();
+        let target = Target {
+            name: "single_200rps p99",
+            measured: 50.0,
+            limit: 20.0,
+            at_least: false,
+            unit: " ms",
+            scenario: "single_200rps",
+            quantile: Some(0.99),
+        };
+        let text = placed(&target, &scenario).unwrap_or_default();
+        assert!(text.starts_with("p99 50 ms ≥ 20 ms: of the slowest 1 % (15 requests of 50.0"), "{text}");
+        assert!(text.contains("mean 50.0 ms) 40.0 ms in apply (80 %), 8.0 in client (16 %)"), "{text}");
+        assert!(
+            text.contains("at the median (985 requests of 4.00–4.00 ms, mean 4.0 ms) 2.0 ms in apply (50 %)"),
+            "{text}"
+        );
+        assert_eq!(placed(&Target { quantile: None, ..target }, &scenario), None);
+
+        let json = stages_json(&scenario.measured.recorder).unwrap_or_default();
+        assert_eq!(json["timed_requests"], json!(1000));
+        assert_eq!(json["slowest_1_percent"]["dominant"], json!({ "stage": "apply", "ms": 40.0, "share": 0.8 }));
+        assert_eq!(json["median_band"]["mean_ms"]["apply"], json!(2.0));
+        assert_eq!(json["median_band"]["mean_ms"].get("reply"), None, "a stage no header named is left out");
+        assert_eq!(json["slowest"].as_array().map(Vec::len), Some(crate::timing::SLOWEST_KEPT));
+        assert_eq!(json["slowest"][0]["request_id"], json!("req-0"));
+        assert_eq!(json["slowest"][0]["client_ms"], json!(8.0));
+        assert_eq!(json["slowest"][0]["most_in"], json!("apply"));
+
+        let mut md = String::new();
+        stages_table(&mut md, &scenario.measured.recorder);
+        assert!(md.contains("| requests | n | latency | gateway | produce | fetch | queue | apply | reply-produce | reply-read | rest | client | most in |"), "{md}");
+        assert!(
+            md.contains(
+                "| 15 | 50.00 | 0.50 | 0.50 | 0.50 | 0.00 | 40.00 | 0.20 | 0.30 | 0.00 | 8.00 | apply (80 %) |"
+            ),
+            "{md}"
+        );
     }
 }
