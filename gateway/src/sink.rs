@@ -82,8 +82,15 @@ mod memory {
     type Key = (String, String, String);
 
     /// What every write through it says about its stages.
-    pub const MEMORY_STAGES: Stages =
-        Stages { gateway: 0.0, produce: 0.0, fetch: 0.0, queue: 0.0, apply: 0.0, reply: ReplyLeg::Whole(0.0) };
+    pub const MEMORY_STAGES: Stages = Stages {
+        gateway: 0.0,
+        produce: 0.0,
+        fetch: 0.0,
+        queue: 0.0,
+        apply: 0.0,
+        commit: 0.0,
+        reply: ReplyLeg::Whole(0.0),
+    };
 
     /// A sink that applies nothing to a database: it remembers each conversion by (workspace,
     /// event, external id) and answers created for a new one, unchanged for one equal to what it

@@ -41,8 +41,10 @@ pub struct Stages {
     pub fetch: f64,
     /// Until a worker took it.
     pub queue: f64,
-    /// Until it was committed (on the HA layout, also on a synchronous standby).
+    /// Until its transaction's commit was asked for: a connection, the statements.
     pub apply: f64,
+    /// Until committed: the WAL's flush and, on the HA layout, a synchronous standby's.
+    pub commit: f64,
     pub reply: ReplyLeg,
 }
 
@@ -70,7 +72,8 @@ impl Stages {
             produce: span(sent.wall_us, appended_us),
             fetch: span(appended_us, writer.read_us),
             queue: span(writer.read_us, writer.taken_us),
-            apply: span(writer.taken_us, writer.committed_us),
+            apply: span(writer.taken_us, writer.commit_us),
+            commit: span(writer.commit_us, writer.committed_us),
             reply,
         }
     }
@@ -86,11 +89,11 @@ impl Stages {
 /// The stages as `name;dur=ms` pairs, for the header and the log line.
 impl fmt::Display for Stages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Stages { gateway, produce, fetch, queue, apply, reply } = *self;
+        let Stages { gateway, produce, fetch, queue, apply, commit, reply } = *self;
         write!(
             f,
             "gateway;dur={gateway:.2}, produce;dur={produce:.2}, fetch;dur={fetch:.2}, queue;dur={queue:.2}, \
-             apply;dur={apply:.2}"
+             apply;dur={apply:.2}, commit;dur={commit:.2}"
         )?;
         match reply {
             ReplyLeg::Split { produce, read } => {
@@ -120,8 +123,13 @@ mod tests {
     fn each_stage_runs_from_one_instant_to_the_next_and_a_clock_behind_counts_zero() {
         let started = Instant::now();
         let sent = Sent { at: started + Duration::from_micros(1_500), wall_us: 10_000_500 };
-        let writer =
-            WriterTiming { appended_ms: 10_002, read_us: 10_004_250, taken_us: 10_004_300, committed_us: 10_009_300 };
+        let writer = WriterTiming {
+            appended_ms: 10_002,
+            read_us: 10_004_250,
+            taken_us: 10_004_300,
+            commit_us: 10_008_300,
+            committed_us: 10_009_300,
+        };
         let received = Received { appended_ms: Some(10_010), wall_us: 10_011_000 };
         let stages = Stages::of(started, sent, writer, received);
         assert_eq!(
@@ -131,13 +139,14 @@ mod tests {
                 produce: 1.5,
                 fetch: 2.25,
                 queue: 0.05,
-                apply: 5.0,
+                apply: 4.0,
+                commit: 1.0,
                 reply: ReplyLeg::Split { produce: 0.7, read: 1.0 },
             }
         );
         assert_eq!(
             stages.header(Duration::from_micros(11_000)),
-            "gateway;dur=1.50, produce;dur=1.50, fetch;dur=2.25, queue;dur=0.05, apply;dur=5.00, \
+            "gateway;dur=1.50, produce;dur=1.50, fetch;dur=2.25, queue;dur=0.05, apply;dur=4.00, commit;dur=1.00, \
              reply-produce;dur=0.70, reply-read;dur=1.00, total;dur=11.00"
         );
 

@@ -144,6 +144,8 @@ pub struct WriterTiming {
     pub read_us: i64,
     /// Taken by a worker.
     pub taken_us: i64,
+    /// Its transaction's commit asked for (for a message answered without one: as committed).
+    pub commit_us: i64,
     /// Committed (on the HA layout: and on a synchronous standby), its reply about to be sent.
     pub committed_us: i64,
 }
@@ -331,7 +333,8 @@ mod tests {
     /// Writers that predate the timing send none; a gateway that predates it reads the rest.
     #[test]
     fn the_timing_is_optional_both_ways() {
-        let timing = WriterTiming { appended_ms: 1, read_us: 2_000, taken_us: 2_100, committed_us: 5_000 };
+        let timing =
+            WriterTiming { appended_ms: 1, read_us: 2_000, taken_us: 2_100, commit_us: 4_000, committed_us: 5_000 };
         let reply = WriteReply::V1(WriteReplyV1 {
             correlation_id: "c".into(),
             outcome: ChunkOutcome::Failed,

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
 use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
-use crate::store::{Chunk, Database, Fence, Lock, Run, WorkspaceRun};
+use crate::store::{Chunk, Commit, Database, Fence, Lock, Run, WorkspaceRun};
 use intake_common::config::now_us;
 use intake_model::message::{ChunkOutcome, ErasureV1, RequestPart, WriteRequestV1};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -138,15 +138,17 @@ struct Answer {
     label: &'static str,
     /// Whether a reply is sent (a message whose reply partition does not exist gets none).
     reply: bool,
+    /// The commit that applied it, if any.
+    commit: Option<Commit>,
 }
 
 impl Answer {
     fn failed() -> Answer {
-        Answer { outcome: ChunkOutcome::Failed, label: "failed", reply: true }
+        Answer { outcome: ChunkOutcome::Failed, label: "failed", reply: true, commit: None }
     }
 
     fn expired() -> Answer {
-        Answer { outcome: ChunkOutcome::Expired, label: "expired", reply: true }
+        Answer { outcome: ChunkOutcome::Expired, label: "expired", reply: true, commit: None }
     }
 }
 
@@ -534,7 +536,7 @@ impl Worker {
                             tracing::warn!(workspace_id = %erasure.workspace_id, kind = %erasure.kind, "an erasure the database lacked was applied again from the requests topic");
                         }
                         let outcome = ChunkOutcome::Applied { results: Vec::new(), merged: Vec::new() };
-                        Ok(Some(Answer { outcome, label: "erasure", reply: false }))
+                        Ok(Some(Answer { outcome, label: "erasure", reply: false, commit: None }))
                     }
                     Err(Stop::Interrupted) => Err(Interrupted),
                     Err(Stop::Busy { .. }) => Ok(None),
@@ -606,7 +608,6 @@ impl Worker {
         taken_us: i64,
         shutdown: &mut watch::Receiver<bool>,
     ) {
-        let committed_us = now_us();
         let answered: Vec<(&Inbound, &Answer)> =
             groups.flat_map(|(group, answers)| group.messages.iter().map(|q| &q.message).zip(answers)).collect();
         for &(message, answer) in &answered {
@@ -620,7 +621,7 @@ impl Worker {
             .filter(|(message, answer)| answer.reply && !message.answered_before)
             .filter_map(|(message, answer)| {
                 let (correlation_id, partition, deadline_ms) = message.reply_to()?;
-                let timing = message.timing(taken_us, committed_us);
+                let timing = message.timing(taken_us, answer.commit);
                 Some(Reply { correlation_id, partition, deadline_ms, outcome: answer.outcome.clone(), timing })
             })
             .collect();
@@ -652,8 +653,11 @@ fn answer(chunk: Chunk) -> Answer {
             label: if applied.first_time { "applied" } else { "already_applied" },
             outcome: ChunkOutcome::Applied { results: applied.results, merged: applied.merged },
             reply: true,
+            commit: applied.commit,
         },
-        Chunk::RequestFailed => Answer { outcome: ChunkOutcome::Failed, label: "request_failed", reply: true },
+        Chunk::RequestFailed => {
+            Answer { outcome: ChunkOutcome::Failed, label: "request_failed", reply: true, commit: None }
+        }
     }
 }
 
@@ -717,6 +721,7 @@ pub mod testing {
                 .collect(),
             merged: Vec::new(),
             first_time: true,
+            commit: None,
         })
     }
 

@@ -6,6 +6,7 @@
 
 use crate::expiry;
 use crate::metrics::{self, Metrics};
+use crate::store::Commit;
 use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
 use intake_model::message::{
@@ -144,13 +145,22 @@ impl Inbound {
     }
 
     /// Its way through this writer, for its reply, once a worker that took it at `taken_us`
-    /// has committed it; none for a message without the broker's append time.
-    pub fn timing(&self, taken_us: i64, committed_us: i64) -> Option<WriterTiming> {
+    /// has answered it (with the commit made for it, if any); none for a message without the
+    /// broker's append time.
+    pub fn timing(&self, taken_us: i64, commit: Option<Commit>) -> Option<WriterTiming> {
         let position = match &self.body {
             Body::Request(request) | Body::Expired(request) => request.position?,
             Body::Unreadable(_) | Body::Erasure(_) => return None,
         };
-        Some(WriterTiming { appended_ms: position.appended_ms, read_us: self.read_us, taken_us, committed_us })
+        let now = now_us();
+        let Commit { started_us, done_us } = commit.unwrap_or(Commit { started_us: now, done_us: now });
+        Some(WriterTiming {
+            appended_ms: position.appended_ms,
+            read_us: self.read_us,
+            taken_us,
+            commit_us: started_us,
+            committed_us: done_us,
+        })
     }
 
     /// Its place in its HTTP request, when known.

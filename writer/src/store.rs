@@ -10,6 +10,7 @@ use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
 use crate::retry::{Classify, Failure};
+use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
 use intake_model::ids::Seed;
 use intake_model::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
@@ -190,6 +191,16 @@ pub struct Applied {
     pub merged: Vec<ChainMerge>,
     /// False when the message had been applied before and these are its first results.
     pub first_time: bool,
+    /// Its transaction's commit, once made.
+    pub commit: Option<Commit>,
+}
+
+/// When a transaction's commit was asked for and when it was done (on the HA layout: and
+/// confirmed on a synchronous standby), in epoch µs, for the replies' `WriterTiming`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Commit {
+    pub started_us: i64,
+    pub done_us: i64,
 }
 
 /// What became of one chunk of a workspace's run.
@@ -275,7 +286,7 @@ impl Database {
         if first_time && failed_at.zip(part).is_some_and(|(at, part)| i64::from(part.index) > i64::from(at)) {
             return Ok(Chunk::RequestFailed);
         }
-        Ok(Chunk::Applied(Applied { results: Vec::new(), merged: Vec::new(), first_time }))
+        Ok(Chunk::Applied(Applied { results: Vec::new(), merged: Vec::new(), first_time, commit: None }))
     }
 
     /// Applies one workspace's chunks in order in one transaction: one commit (one WAL flush)
@@ -366,8 +377,19 @@ impl Database {
         if outcomes.iter().any(|run| matches!(run, Run::Done(_))) {
             // Also when every message had been applied before and nothing was written: their
             // first commit may be on this server alone.
+            let started_us = now_us();
             self.durability.commit(tx, pid).await?;
             self.durability.confirm(connection).await?;
+            let commit = Commit { started_us, done_us: now_us() };
+            for run in &mut outcomes {
+                if let Run::Done(chunks) = run {
+                    for chunk in chunks {
+                        if let Chunk::Applied(applied) = chunk {
+                            applied.commit = Some(commit);
+                        }
+                    }
+                }
+            }
         } else {
             tx.rollback().await?;
         }
@@ -535,8 +557,12 @@ async fn apply_workspace(
         requests
             .iter()
             .map(|r| match (previous.remove(&r.correlation_id), fresh_results.remove(r.correlation_id.as_str())) {
-                (Some(results), _) => Chunk::Applied(Applied { results, merged: Vec::new(), first_time: false }),
-                (None, Some((results, merged))) => Chunk::Applied(Applied { results, merged, first_time: true }),
+                (Some(results), _) => {
+                    Chunk::Applied(Applied { results, merged: Vec::new(), first_time: false, commit: None })
+                }
+                (None, Some((results, merged))) => {
+                    Chunk::Applied(Applied { results, merged, first_time: true, commit: None })
+                }
                 (None, None) => Chunk::RequestFailed,
             })
             .collect(),
