@@ -88,6 +88,10 @@ export INTAKE_BIN_DIR="$BIN"
 cd "$REPO"
 status=0
 cargo nextest run --cargo-profile release --workspace --no-fail-fast --profile "$nextest_profile" "$@" || status=$?
+# Then the bounds on latency, alone (.config/nextest.toml, profile latency); a filter given on
+# the command line that selects none of them runs none.
+cargo nextest run --cargo-profile release --workspace --no-fail-fast --profile latency --no-tests=pass "$@" ||
+    status=$?
 say "build and tests: $((SECONDS - started)) s"
 if [ "$nextest_profile" = no-clients ]; then
     say "EXCLUDED by INTAKE_CLIENTS=skip: the client libraries' tests, binary(clients) (counted as skipped above)"

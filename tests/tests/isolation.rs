@@ -1,8 +1,9 @@
 //! One workspace's trouble stays its own (docs/architecture.md, "Isolation in the writer",
 //! "Order within a request", "Failure classes", "Stale values"): a refused middle chunk leaves
 //! a prefix, poison chunks of outage-like classes are dead-lettered while the partition goes on,
-//! a workspace held in PostgreSQL holds up only itself, and a chunk that reached Kafka after its
-//! deadline is never applied. The tests that need a trigger run on a database of their own.
+//! and a chunk that reached Kafka after its deadline is never applied (a workspace held in
+//! PostgreSQL holding up only itself is in `latency.rs`). The tests that need a trigger run on a
+//! database of their own.
 
 use intake_tests::*;
 use serde_json::{json, Value};
@@ -122,127 +123,6 @@ async fn a_chunk_that_reached_kafka_after_its_deadline_is_never_applied() {
             .unwrap_or_default();
     assert_eq!(value, "10", "the acknowledged value stays");
     assert_eq!(stack.writer_metrics(0).await.value(r#"intake_writer_messages_total{outcome="expired"}"#), 1.0);
-}
-
-/// Keys on the same request partition as `held`, and on others.
-fn neighbours(stack: &Stack, held: &TestKey, count: usize) -> (Vec<TestKey>, Vec<TestKey>) {
-    let partition = stack.request_partition(&held.workspace_id);
-    let (mut same, mut other) = (Vec::new(), Vec::new());
-    while same.len() < count || other.len() < count {
-        let key = stack.workspace();
-        if stack.request_partition(&key.workspace_id) == partition {
-            if same.len() < count {
-                same.push(key);
-            }
-        } else if other.len() < count {
-            other.push(key);
-        }
-    }
-    (same, other)
-}
-
-/// How long a refused sender waits: Retry-After, else a moment.
-fn retry_after(reply: &Reply) -> Duration {
-    match reply.header("retry-after").and_then(|v| v.parse().ok()) {
-        Some(seconds) => Duration::from_secs(seconds),
-        None => Duration::from_millis(100),
-    }
-}
-
-/// Served and p99 of a set of neighbours' sends.
-fn figures(sends: &[(u16, Duration)]) -> (usize, usize, Duration) {
-    let ok = sends.iter().filter(|(status, _)| *status == 201).count();
-    let mut latencies: Vec<Duration> = sends.iter().map(|(_, latency)| *latency).collect();
-    latencies.sort();
-    let p99 = latencies.get(latencies.len() * 99 / 100).copied().unwrap_or_default();
-    (ok, sends.len(), p99)
-}
-
-/// `INTAKE_TEST_HOLD_SECS` (default 8) sets how long the workspace is held; the closing
-/// figures of the isolation work come from a 30 s run on release binaries.
-#[tokio::test]
-async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
-    let hold =
-        Duration::from_secs(std::env::var("INTAKE_TEST_HOLD_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8));
-    let stack = Stack::start_with(StackOptions { write_timeout_ms: 5_000, ..Default::default() }).await;
-    let held = stack.workspace();
-    let (same, other) = neighbours(&stack, &held, 3);
-    let db = database().await;
-    // Another session holds the workspace's apply lock, as a long erasure would.
-    let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
-        .bind(&held.workspace_id)
-        .execute(&mut *holder)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-
-    // The held workspace keeps sending 500-item batches meanwhile, four clients at once.
-    let flooding: Vec<_> = (0..4)
-        .map(|_| {
-            let (client, key) = (stack.client(), held.clone());
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let mut statuses = Vec::new();
-                while started.elapsed() < hold {
-                    let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
-                    let reply = client.post("/v1/conversions/batch", &key, &batch(items)).await;
-                    statuses.push(reply.status);
-                    // A sender that honours Retry-After (as intake-send and the clients do).
-                    tokio::time::sleep(retry_after(&reply).min(hold.saturating_sub(started.elapsed()))).await;
-                }
-                statuses
-            })
-        })
-        .collect();
-    let (mut on_same, mut on_other) = (Vec::new(), Vec::new());
-    let started = Instant::now();
-    while started.elapsed() < hold {
-        let sends = same.iter().chain(&other).map(|key| {
-            let client = stack.client();
-            let key = key.clone();
-            async move {
-                let sent = Instant::now();
-                let status = client.post("/v1/conversions", &key, &conversion("lead")).await.status;
-                (status, sent.elapsed())
-            }
-        });
-        let results = join_all(sends).await;
-        on_same.extend_from_slice(&results[..same.len()]);
-        on_other.extend_from_slice(&results[same.len()..]);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut held_statuses = Vec::new();
-    for task in flooding {
-        held_statuses.extend(task.await.unwrap_or_default());
-    }
-    let all: Vec<(u16, Duration)> = on_same.iter().chain(&on_other).copied().collect();
-    let ((ok, sent, p99), same_figures, other_figures) = (figures(&all), figures(&on_same), figures(&on_other));
-    eprintln!(
-        "held {hold:?}: neighbours {ok}/{sent} 2xx, p99 {p99:?}; same partition {same_figures:?}; \
-         other partitions {other_figures:?}; held workspace's answers {held_statuses:?}"
-    );
-    assert!(ok * 100 >= sent * 99, "neighbours served: {ok} of {sent}");
-    // Generous for a loaded 2-core CI machine; the closing figures are measured on release.
-    assert!(p99 < Duration::from_secs(1), "neighbours' p99 {p99:?}");
-    assert!(!held_statuses.contains(&200), "the held workspace wrote nothing while held: {held_statuses:?}");
-    assert!(held_statuses.contains(&503), "the held workspace is refused alone: {held_statuses:?}");
-
-    // Released: the held workspace writes again soon.
-    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-        .bind(&held.workspace_id)
-        .execute(&mut *holder)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let released = Instant::now();
-    loop {
-        let reply = stack.post("/v1/conversions", &held, &conversion("lead")).await;
-        if reply.status == 201 {
-            break;
-        }
-        assert!(released.elapsed() < Duration::from_secs(30), "still refused: {} {}", reply.status, reply.body);
-        tokio::time::sleep(retry_after(&reply)).await;
-    }
-    eprintln!("the held workspace wrote again {:?} after the release", released.elapsed());
 }
 
 /// Small writes of several workspaces share a transaction (docs/architecture.md, "Isolation in

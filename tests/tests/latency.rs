@@ -1,0 +1,150 @@
+//! Bounds on latency, run alone after the rest of the suite (`deploy/test.sh`, nextest's
+//! profile `latency`), so that what they bound is the service's, not the suite's: a workspace
+//! held in PostgreSQL holds up only itself (docs/architecture.md, "Isolation in the writer").
+
+use intake_tests::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// The neighbours' p99 while a workspace is held, on its partition as on the others.
+const NEIGHBOURS_P99: Duration = Duration::from_millis(250);
+
+fn batch(items: Vec<Value>) -> Value {
+    json!({ "conversions": items })
+}
+
+/// Keys on the same request partition as `held`, and on others.
+fn neighbours(stack: &Stack, held: &TestKey, count: usize) -> (Vec<TestKey>, Vec<TestKey>) {
+    let partition = stack.request_partition(&held.workspace_id);
+    let (mut same, mut other) = (Vec::new(), Vec::new());
+    while same.len() < count || other.len() < count {
+        let key = stack.workspace();
+        if stack.request_partition(&key.workspace_id) == partition {
+            if same.len() < count {
+                same.push(key);
+            }
+        } else if other.len() < count {
+            other.push(key);
+        }
+    }
+    (same, other)
+}
+
+/// How long a refused sender waits: Retry-After, else a moment.
+fn retry_after(reply: &Reply) -> Duration {
+    match reply.header("retry-after").and_then(|v| v.parse().ok()) {
+        Some(seconds) => Duration::from_secs(seconds),
+        None => Duration::from_millis(100),
+    }
+}
+
+/// One neighbour's send: its status, its latency, and where its time went (Server-Timing).
+type Send = (u16, Duration, String);
+
+/// Served and p99 of a set of neighbours' sends.
+fn figures(sends: &[Send]) -> (usize, usize, Duration) {
+    let ok = sends.iter().filter(|(status, _, _)| *status == 201).count();
+    let mut latencies: Vec<Duration> = sends.iter().map(|(_, latency, _)| *latency).collect();
+    latencies.sort();
+    let p99 = latencies.get(latencies.len() * 99 / 100).copied().unwrap_or_default();
+    (ok, sends.len(), p99)
+}
+
+/// The slowest sends with their stages, for a failure's message.
+fn slowest(sends: &[Send]) -> String {
+    let mut sorted: Vec<&Send> = sends.iter().collect();
+    sorted.sort_by_key(|(_, latency, _)| std::cmp::Reverse(*latency));
+    sorted.iter().take(5).map(|(status, latency, timing)| format!("\n  {status} {latency:?}: {timing}")).collect()
+}
+
+/// `INTAKE_TEST_HOLD_SECS` (default 8) sets how long the workspace is held (30 s as the
+/// operator's trial holds it).
+#[tokio::test]
+async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
+    let hold =
+        Duration::from_secs(std::env::var("INTAKE_TEST_HOLD_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8));
+    let stack = Stack::start_with(StackOptions { write_timeout_ms: 5_000, ..Default::default() }).await;
+    let held = stack.workspace();
+    let (same, other) = neighbours(&stack, &held, 3);
+    let db = database().await;
+    // Another session holds the workspace's apply lock, as a long erasure would.
+    let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(&held.workspace_id)
+        .execute(&mut *holder)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // The held workspace keeps sending 500-item batches meanwhile, four clients at once.
+    let flooding: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, key) = (stack.client(), held.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let mut statuses = Vec::new();
+                while started.elapsed() < hold {
+                    let items: Vec<Value> = (0..500).map(|_| conversion("lead")).collect();
+                    let reply = client.post("/v1/conversions/batch", &key, &batch(items)).await;
+                    statuses.push(reply.status);
+                    // A sender that honours Retry-After (as intake-send and the clients do).
+                    tokio::time::sleep(retry_after(&reply).min(hold.saturating_sub(started.elapsed()))).await;
+                }
+                statuses
+            })
+        })
+        .collect();
+    let (mut on_same, mut on_other) = (Vec::new(), Vec::new());
+    let started = Instant::now();
+    while started.elapsed() < hold {
+        let sends = same.iter().chain(&other).map(|key| {
+            let client = stack.client();
+            let key = key.clone();
+            async move {
+                let sent = Instant::now();
+                let reply = client.post("/v1/conversions", &key, &conversion("lead")).await;
+                let timing = reply.header("server-timing").unwrap_or_default().to_owned();
+                (reply.status, sent.elapsed(), timing)
+            }
+        });
+        let results = join_all(sends).await;
+        let mut results = results.into_iter();
+        on_same.extend(results.by_ref().take(same.len()));
+        on_other.extend(results);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut held_statuses = Vec::new();
+    for task in flooding {
+        held_statuses.extend(task.await.unwrap_or_default());
+    }
+    let all: Vec<Send> = on_same.iter().chain(&on_other).cloned().collect();
+    let ((ok, sent, p99), same_figures, other_figures) = (figures(&all), figures(&on_same), figures(&on_other));
+    eprintln!(
+        "held {hold:?}: neighbours {ok}/{sent} 2xx, p99 {p99:?}; same partition {same_figures:?}; \
+         other partitions {other_figures:?}; held workspace's answers {held_statuses:?}"
+    );
+    assert!(ok * 100 >= sent * 99, "neighbours served: {ok} of {sent}");
+    for (partitions, sends, (_, _, p99)) in
+        [("the same partition", &on_same, same_figures), ("other partitions", &on_other, other_figures)]
+    {
+        assert!(p99 < NEIGHBOURS_P99, "neighbours' p99 on {partitions} {p99:?}; the slowest:{}", slowest(sends));
+    }
+    assert!(!held_statuses.contains(&200), "the held workspace wrote nothing while held: {held_statuses:?}");
+    assert!(held_statuses.contains(&503), "the held workspace is refused alone: {held_statuses:?}");
+
+    // Released: the held workspace writes again soon.
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(&held.workspace_id)
+        .execute(&mut *holder)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let released = Instant::now();
+    loop {
+        let reply = stack.post("/v1/conversions", &held, &conversion("lead")).await;
+        if reply.status == 201 {
+            break;
+        }
+        assert!(released.elapsed() < Duration::from_secs(30), "still refused: {} {}", reply.status, reply.body);
+        tokio::time::sleep(retry_after(&reply)).await;
+    }
+    eprintln!("the held workspace wrote again {:?} after the release", released.elapsed());
+}
