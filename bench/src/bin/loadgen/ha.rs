@@ -318,6 +318,7 @@ async fn run_scenarios(
     let plans = Plans { keys: Arc::new(keys) };
     let roles = crate::roles_of(&stack, &layout_roles);
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;
+    crate::analyze(url).await?;
     let mut scenarios = Vec::new();
     for &scenario in which {
         let name = name_of(scenario);
