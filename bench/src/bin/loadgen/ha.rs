@@ -135,8 +135,8 @@ impl Layout {
                 }
                 None => say(&format!("HA node {n} has no postmaster.pid: its CPU is not counted")),
             }
-            roles.control.extend(self.pid_file(&format!("ha-node-{n}")));
-            roles.control.extend(self.pid_file(&format!("ha-etcd-{n}")));
+            roles.patroni.extend(self.pid_file(&format!("ha-node-{n}")));
+            roles.etcd.extend(self.pid_file(&format!("ha-etcd-{n}")));
         }
         (roles, standby_ports)
     }

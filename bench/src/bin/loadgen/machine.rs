@@ -134,6 +134,41 @@ fn cluster_processes(postmaster: u32) -> Vec<u32> {
     pids
 }
 
+/// What a process of a PostgreSQL cluster is, from the title it gives itself
+/// ("postgres: [cluster_name: ]user database host(port) state" for a backend).
+#[derive(Debug, PartialEq, Eq)]
+enum PgProcess {
+    /// A client's backend, connected to this database.
+    Backend(String),
+    /// A walsender: a standby's (or a base backup's) replication connection.
+    Walsender,
+    /// The postmaster, its background processes (checkpointer, WAL writer, autovacuum), and,
+    /// on a standby, the replay and the WAL receiver.
+    Background,
+}
+
+fn pg_process(title: &str) -> PgProcess {
+    let Some(rest) = title.strip_prefix("postgres:") else { return PgProcess::Background };
+    let mut words: Vec<&str> = rest.split_whitespace().collect();
+    // A cluster_name (the HA nodes have one: node-1) comes first, ending with a colon.
+    if words.first().is_some_and(|w| w.ends_with(':')) {
+        words.remove(0);
+    }
+    match words.as_slice() {
+        ["walsender", ..] => PgProcess::Walsender,
+        [_user, database, from, ..] if from.contains('(') || from.starts_with('[') => {
+            PgProcess::Backend((*database).to_owned())
+        }
+        _ => PgProcess::Background,
+    }
+}
+
+fn title(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " ").trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// utime + stime of a process (all its threads), in clock ticks, and its parent.
 fn cpu_ticks_and_parent(pid: u32) -> Option<(u64, u32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -176,7 +211,11 @@ pub struct Roles {
     /// HAProxy, and Patroni and etcd, whose work a single node does not have.
     pub standbys: Vec<u32>,
     pub proxy: Option<u32>,
-    pub control: Vec<u32>,
+    pub patroni: Vec<u32>,
+    pub etcd: Vec<u32>,
+    /// The databases whose backends count as this run's (none: every backend does); a
+    /// shared server's other backends are other work on the machine.
+    pub databases: Vec<String>,
 }
 
 pub struct CpuSnapshot {
@@ -193,6 +232,20 @@ impl Roles {
         self.postmaster.map(cluster_processes).unwrap_or_default()
     }
 
+    /// The postmaster's processes that are this run's, apart from its walsenders: the
+    /// postmaster, its background processes, and the backends of [`Roles::databases`].
+    fn server_processes(&self) -> (Vec<u32>, Vec<u32>) {
+        let (mut server, mut walsenders) = (Vec::new(), Vec::new());
+        for pid in self.postgres_processes() {
+            match pg_process(&title(pid)) {
+                PgProcess::Walsender => walsenders.push(pid),
+                PgProcess::Backend(database) if !self.databases.is_empty() && !self.databases.contains(&database) => {}
+                _ => server.push(pid),
+            }
+        }
+        (server, walsenders)
+    }
+
     /// This program and the clients it runs as processes of their own (wrk, pgbench), not the
     /// gateways and writers it started: a client's CPU is the load generator's, not load that
     /// shares the machine.
@@ -207,8 +260,10 @@ impl Roles {
         pids
     }
 
-    /// CPU ticks per role now. PostgreSQL counts the postmaster's children (every backend of
-    /// the cluster, this run's and anyone else's, and its background writers).
+    /// CPU ticks per role now. "postgresql" is the server the writers write to (on the HA
+    /// layout, the primary): its postmaster, background processes and the backends of this
+    /// run's databases; its walsenders, which only the layout has, are a role of their own.
+    /// A backend that ended between two snapshots is not counted (the pools' live throughout).
     pub fn snapshot(&self) -> CpuSnapshot {
         let sum = |pids: &[u32]| pids.iter().filter_map(|&p| cpu_ticks_and_parent(p)).map(|(t, _)| t).sum::<u64>();
         let mut by_role = BTreeMap::new();
@@ -216,7 +271,11 @@ impl Roles {
         by_role.insert("writer", sum(&self.writers));
         by_role.insert("load generator", sum(&self.load_generator_processes()));
         if self.postmaster.is_some() {
-            by_role.insert("postgresql", sum(&self.postgres_processes()));
+            let (server, walsenders) = self.server_processes();
+            by_role.insert("postgresql", sum(&server));
+            if !self.standbys.is_empty() {
+                by_role.insert("postgresql walsenders", sum(&walsenders));
+            }
         }
         if let Some(kafka) = self.kafka {
             by_role.insert("kafka", sum(&[kafka]));
@@ -231,8 +290,11 @@ impl Roles {
         if let Some(proxy) = self.proxy {
             by_role.insert("haproxy", sum(&[proxy]));
         }
-        if !self.control.is_empty() {
-            by_role.insert("patroni and etcd", sum(&self.control));
+        if !self.patroni.is_empty() {
+            by_role.insert("patroni", sum(&self.patroni));
+        }
+        if !self.etcd.is_empty() {
+            by_role.insert("etcd", sum(&self.etcd));
         }
         CpuSnapshot { at: Instant::now(), by_role, machine: machine_ticks() }
     }
@@ -312,6 +374,31 @@ mod tests {
     fn the_cores_of_turns_are_averaged_per_role() {
         let mean = mean_cores(&[json!({"writer": 1.0, "postgresql": 0.5}), json!({"writer": 0.5, "postgresql": 1.5})]);
         assert_eq!(mean, json!({"postgresql": 1.0, "writer": 0.75}));
+    }
+
+    #[test]
+    fn a_servers_processes_are_told_apart_by_their_titles() {
+        let backend = |db: &str| PgProcess::Backend(db.to_owned());
+        assert_eq!(pg_process("postgres: postgres intake_bench 127.0.0.1(51234) idle"), backend("intake_bench"));
+        assert_eq!(
+            pg_process("postgres: node-1: postgres intake_bench 127.0.0.1(51234) COMMIT"),
+            backend("intake_bench")
+        );
+        assert_eq!(pg_process("postgres: postgres postgres [local] idle"), backend("postgres"));
+        assert_eq!(
+            pg_process("postgres: node-2: walsender replicator 127.0.0.1(40100) streaming 0/3000148"),
+            PgProcess::Walsender
+        );
+        for background in [
+            "postgres: checkpointer ",
+            "postgres: node-1: walwriter ",
+            "postgres: node-1: autovacuum worker intake_bench",
+            "postgres: node-3: startup recovering 000000010000000000000003",
+            "postgres: node-3: walreceiver streaming 0/3000148",
+            "/usr/lib/postgresql/15/bin/postgres -D /data --config-file=/data/postgresql.conf",
+        ] {
+            assert_eq!(pg_process(background), PgProcess::Background, "{background}");
+        }
     }
 
     #[test]

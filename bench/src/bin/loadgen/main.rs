@@ -311,10 +311,19 @@ fn infrastructure_roles() -> Roles {
         .ok()
         .and_then(|u| u.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()))
         .unwrap_or(56379);
+    // The run's databases: the main one and the one preloaded for the runs at size; on a
+    // shared server, the backends of the others are other work.
+    let mut databases: Vec<String> = std::env::var("DATABASE_URL")
+        .ok()
+        .and_then(|url| url.rsplit_once('/').map(|(_, database)| database.split('?').next().unwrap_or("").to_owned()))
+        .into_iter()
+        .collect();
+    databases.push(setting("INTAKE_BENCH_SIZED_DATABASE", "intake_bench_sized".to_owned()));
     Roles {
         postmaster: machine::pid_listening_on(port("INTAKE_PG_PORT", 55432)),
         kafka: machine::pid_listening_on(broker_port),
         redis: machine::pid_listening_on(redis_port),
+        databases,
         ..Roles::default()
     }
 }

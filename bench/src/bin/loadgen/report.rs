@@ -899,7 +899,13 @@ type Metric<'a> = (&'static str, &'static str, &'a dyn Fn(&Scenario) -> f64);
 fn ha_rows(run: &Run) -> Vec<HaRow> {
     let find = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
     let quantile = |s: &Scenario, q: f64| round2(s.measured.recorder.latency.value_at_quantile(q) as f64 / 1000.0);
-    let postgresql = |s: &Scenario| round2(field(&s.cores, "postgresql") + field(&s.cores, "postgresql standbys"));
+    let postgresql = |s: &Scenario| {
+        round2(
+            field(&s.cores, "postgresql")
+                + field(&s.cores, "postgresql walsenders")
+                + field(&s.cores, "postgresql standbys"),
+        )
+    };
     let per_group = |s: &Scenario| s.writer.as_ref().map_or(0.0, |w| field(w, "mean_apply_ms_per_group"));
     let mut rows = Vec::new();
     for (scenario, single) in &run.scenarios {
@@ -911,12 +917,20 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
             Counted::Requests => ("requests_per_s", "requests/s"),
         };
         let rate = |s: &Scenario| round1(s.measured.rate(s.counted));
-        let metrics: [Metric<'_>; 5] = [
+        let (cpu_key, cpu_label) = match single.counted {
+            Counted::Items => ("primary_cpu_ms_per_1000_items", "the primary's CPU ms per 1,000 items"),
+            Counted::Requests => ("primary_cpu_ms_per_request", "the primary's CPU ms a request"),
+        };
+        let primary_cpu = |s: &Scenario| {
+            round2(cpu_ms_per_unit(s, field(&s.cores, "postgresql") + field(&s.cores, "postgresql walsenders")))
+        };
+        let metrics: [Metric<'_>; 6] = [
             (key, label, &rate),
             ("p50_ms", "p50 ms", &|s| quantile(s, 0.5)),
             ("p99_ms", "p99 ms", &|s| quantile(s, 0.99)),
             ("apply_ms_per_group", "writer ms a group (one transaction)", &per_group),
             ("postgresql_cores", "PostgreSQL cores", &postgresql),
+            (cpu_key, cpu_label, &primary_cpu),
         ];
         for (key, label, metric) in metrics {
             let (single, ha, ha_async) = (metric(single), metric(ha), ha_async.map(metric));
@@ -929,6 +943,60 @@ fn ha_rows(run: &Run) -> Vec<HaRow> {
     rows
 }
 
+/// CPU ms per request (per 1,000 items for a scenario that counts items) of `cores` used
+/// over the scenario.
+fn cpu_ms_per_unit(s: &Scenario, cores: f64) -> f64 {
+    let rate = s.measured.rate(s.counted);
+    let per = match s.counted {
+        Counted::Items => 1_000_000.0,
+        Counted::Requests => 1_000.0,
+    };
+    if rate > 0.0 {
+        cores / rate * per
+    } else {
+        0.0
+    }
+}
+
+/// The roles of the CPU table of the HA section, in its order.
+const CPU_ROLES: [(&str, &str); 13] = [
+    ("postgresql", "PostgreSQL: the primary (the single node), walsenders apart"),
+    ("postgresql walsenders", "the primary's walsenders"),
+    ("postgresql standbys", "the two standbys (replay, WAL receiver, restartpoints)"),
+    ("haproxy", "HAProxy"),
+    ("patroni", "Patroni (three)"),
+    ("etcd", "etcd (three)"),
+    ("writer", "writer"),
+    ("gateway", "gateway"),
+    ("kafka", "Kafka"),
+    ("redis", "Redis"),
+    ("load generator", "load generator"),
+    ("other processes", "other processes (not this run's)"),
+    ("machine busy", "the whole machine"),
+];
+
+/// Per scenario run on both, on empty tables and at each size: the CPU of each role a request
+/// (or per 1,000 items), single node and HA: where the layout's extra CPU goes.
+fn ha_cpu_rows(run: &Run) -> Vec<(&'static str, &'static str, f64, f64)> {
+    let find = |name: &str| run.scenarios.iter().find(|(n, _)| *n == name).map(|(_, s)| s);
+    let mut rows = Vec::new();
+    for (scenario, single) in &run.scenarios {
+        let Some(ha) = find(&format!("{scenario}_ha")) else { continue };
+        for (role, label) in CPU_ROLES {
+            let (a, b) =
+                (cpu_ms_per_unit(single, field(&single.cores, role)), cpu_ms_per_unit(ha, field(&ha.cores, role)));
+            if a > 0.0 || b > 0.0 {
+                rows.push((*scenario, label, round3(a), round3(b)));
+            }
+        }
+    }
+    rows
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 /// report.json's `ha_replication.comparison`: scenario → metric → single, ha, ha_over_single.
 fn ha_comparison(run: &Run) -> Value {
     let mut comparison = serde_json::Map::new();
@@ -936,6 +1004,10 @@ fn ha_comparison(run: &Run) -> Value {
         let entry = comparison.entry(row.scenario.to_owned()).or_insert_with(|| json!({}));
         entry[row.key] = json!({ "single": row.single, "ha": row.ha, "ha_over_single": row.ha_over_single(),
             "ha_async": row.ha_async, "ha_async_over_single": row.ha_async_over_single() });
+    }
+    for (scenario, label, single, ha) in ha_cpu_rows(run) {
+        let entry = comparison.entry(scenario.to_owned()).or_insert_with(|| json!({}));
+        entry["cpu_ms_by_role"][label] = json!({ "single": single, "ha": ha });
     }
     Value::Object(comparison)
 }
@@ -1019,6 +1091,17 @@ fn ha_section(md: &mut String, run: &Run) {
         md,
         "\n\"writer ms a group\" is the writer's mean time to apply one group of messages, one transaction and its commit: where a commit's wait for the standby lands; with the writer's apply lanes all busy, throughput is lanes over that time. PostgreSQL cores on the layout are its three nodes' (the sections of the `_ha` scenarios below have the primary's and the standbys' apart, and HAProxy's, Patroni's and etcd's).\n"
     );
+    let cpu = ha_cpu_rows(run);
+    if !cpu.is_empty() {
+        let _ = writeln!(
+            md,
+            "Where the CPU goes: each role's CPU time (from /proc, utime + stime, over the middle of the scenario) divided by what the scenario served, in ms a request (`single_*`) or per 1,000 items (`batch_ingest`). The primary's PostgreSQL counts its postmaster, background processes and the backends of the run's databases; its walsenders are apart; a shared server's other backends are among the other processes.\n\n| scenario | role | single node | HA | HA − single |\n|---|---|---|---|---|"
+        );
+        for (scenario, label, single, ha) in cpu {
+            let _ = writeln!(md, "| {scenario} | {label} | {single} | {ha} | {} |", round3(ha - single));
+        }
+        let _ = writeln!(md);
+    }
     if let Some(settings) = layout["settings_differing"].as_object().filter(|s| !s.is_empty()) {
         let list = settings
             .iter()
