@@ -192,14 +192,16 @@ pub async fn scenarios(
     let (mut scenarios, mut described) = outcome?;
     // The same scenarios on the layout with asynchronous replication, on empty tables: what a
     // commit that waits for no standby saves (docs/architecture.md, "The log is the record").
-    say("starting the HA layout again, with asynchronous replication");
-    let layout = {
-        let (dir, shared_buffers) = (dir.to_path_buf(), shared_buffers.clone());
-        tokio::task::spawn_blocking(move || Layout::start(&dir, base, primary, &shared_buffers, "async")).await??
-    };
-    let outcome = on_async_layout(config, &layout, single_url, infrastructure, &which).await;
-    tokio::task::spawn_blocking(move || drop(layout)).await?;
-    scenarios.extend(outcome?);
+    if config.ha_async {
+        say("starting the HA layout again, with asynchronous replication");
+        let layout = {
+            let (dir, shared_buffers) = (dir.to_path_buf(), shared_buffers.clone());
+            tokio::task::spawn_blocking(move || Layout::start(&dir, base, primary, &shared_buffers, "async")).await??
+        };
+        let outcome = on_async_layout(config, &layout, single_url, infrastructure, &which).await;
+        tokio::task::spawn_blocking(move || drop(layout)).await?;
+        scenarios.extend(outcome?);
+    }
     described["shared_buffers_per_node"] = json!(shared_buffers);
     described["base_port"] = json!(base);
     described["primary_port"] = json!(primary);
@@ -313,7 +315,13 @@ async fn run_scenarios(
     let standbys: Vec<String> =
         standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
     say(&format!("on the HA layout: {} gateway(s) and {} writer(s)", config.gateways, config.writers));
-    let stack = crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), ack_when).await;
+    // INTAKE_BENCH_HA_DIRECT=1: the writers connect to the primary's own port, not through
+    // HAProxy; what the proxy costs, for a comparison (a failover would leave them behind).
+    let writers_url = match std::env::var("INTAKE_BENCH_HA_DIRECT").as_deref() {
+        Ok("1") => url.replacen(&format!(":{}/", layout.primary), &format!(":{primary_port}/"), 1),
+        _ => url.clone(),
+    };
+    let stack = crate::start_stack_on(config.gateways, config.writers, Some(writers_url), ack_when).await;
     let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
     let plans = Plans { keys: Arc::new(keys) };
     let roles = crate::roles_of(&stack, &layout_roles);

@@ -105,11 +105,15 @@ pub struct Config {
     /// INTAKE_BENCH_HA_DIR: where the HA layout of the synchronous replication runs lives
     /// (none: no such runs); INTAKE_BENCH_HA_BASE_PORT (default 31400) and
     /// INTAKE_BENCH_HA_PRIMARY_PORT (default the base + 55) its ports (deploy/ha.sh ha_port);
-    /// INTAKE_BENCH_HA_SHARED_BUFFERS each node's `shared_buffers` (default: the single node's).
+    /// INTAKE_BENCH_HA_SHARED_BUFFERS each node's `shared_buffers` (default: the single node's);
+    /// INTAKE_BENCH_HA_ASYNC=0 leaves out the runs on the layout with asynchronous replication;
+    /// INTAKE_BENCH_HA_DIRECT=1 has the layout's writers connect to the primary's own port
+    /// instead of HAProxy's, to see what the proxy costs (ha.rs).
     ha_dir: Option<PathBuf>,
     ha_base_port: u16,
     ha_primary_port: u16,
     ha_shared_buffers: String,
+    ha_async: bool,
 }
 
 /// The scenarios of the main stack, in the order they run.
@@ -184,6 +188,7 @@ impl Config {
                 setting("INTAKE_BENCH_HA_BASE_PORT", 31400u16) + 55,
             ),
             ha_shared_buffers: setting("INTAKE_BENCH_HA_SHARED_BUFFERS", String::new()),
+            ha_async: setting("INTAKE_BENCH_HA_ASYNC", 1u8) != 0,
         }
     }
 
