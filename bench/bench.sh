@@ -32,7 +32,7 @@
 #                                   bench/baseline-<REV>-<time>/comparison.md. No scale runs,
 #                                   runs at size or profile unless their variables ask for them.
 #   deploy/bench.sh --ha [--seconds N] [--sizes 1000000,10000000]
-#                                   the cost of synchronous replication (about 12 minutes):
+#                                   the cost of synchronous replication (about 15 minutes):
 #                                   batch_ingest, single_32 and single_200rps on the single node,
 #                                   then on the HA layout of deploy/ha.sh (etcd x3, Patroni and
 #                                   PostgreSQL x3 in synchronous_mode_strict, HAProxy), started
