@@ -4,7 +4,7 @@
 //! `report.md`. Settings are environment variables (see [`Config`]); `loadgen sample batch`
 //! (or `single`, `invalid`) prints a request body of the scenarios, for an independent client;
 //! `loadgen singles 1 16` measures single sends, closed loop, at each number of clients given
-//! (docs/operations.md, "Single-send latency") and prints a table.
+//! (BENCHMARKS.md, "A single send against the quick start") and prints a table.
 //!
 //! Scenarios, in this order (the gateway's and writer's peak memory is read after the first):
 //! `batch_ingest`, `batch_resend`, `single_32`, `single_200rps`, `reject_401`, `reject_422`,
