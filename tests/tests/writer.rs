@@ -181,7 +181,9 @@ async fn a_request_can_be_followed_from_the_gateway_into_the_writer_by_its_reque
     );
     let (parts, total) = stages.split_at(stages.len() - 1);
     let sum: f64 = parts.iter().map(|(_, ms)| ms).sum();
-    assert!(parts.iter().all(|(_, ms)| *ms >= 0.0) && sum <= total[0].1 + 1.0, "{timing}");
+    // The broker stamps whole milliseconds: a span to its stamp shown as 0 gives up to a
+    // millisecond to the next one, once on the way in and once on the way back.
+    assert!(parts.iter().all(|(_, ms)| *ms >= 0.0) && sum <= total[0].1 + 2.0, "{timing}");
     let timed = |stage: &str| parts.iter().find(|(name, _)| *name == stage).map_or(0.0, |(_, ms)| *ms);
     assert!(timed("apply") > 0.0 && timed("commit") > 0.0, "{timing}");
     let mut logs = String::new();
