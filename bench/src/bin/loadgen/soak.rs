@@ -515,7 +515,15 @@ pub fn judge(samples: &[Value], minutes: f64, missing: &[String], check_latency:
         // moves by half from one minute to the next, and one low minute must not set the bar.
         let everything = all(path);
         let first = median(&everything[warm.saturating_sub(1)..(warm + 2).min(everything.len())]);
-        let end = median(&values[values.len() - values.len().div_ceil(3)..]);
+        let last_third = &values[values.len() - values.len().div_ceil(3)..];
+        // Descriptors: the last third's least. A leaked descriptor is never given back, so a
+        // leak raises it too; a pool's connections opened for a burst and closed again (a
+        // minute of 36 among 31s, on a loaded CI run) do not.
+        let end = if name.contains("descriptors") {
+            last_third.iter().copied().fold(f64::INFINITY, f64::min)
+        } else {
+            median(last_third)
+        };
         let slack = if name.contains("descriptors") {
             4.0
         } else if name.contains("RSS") {
@@ -690,6 +698,16 @@ mod tests {
             .map(|d| merge(sample(50.0, 400), d))
             .collect();
         assert!(judge(&unclosed, 12.0, &[], true)[0].starts_with("gateway descriptors besides"));
+        // The writer's pool opening connections for a burst late in a run, then closing some
+        // (a loaded CI run's), is no leak; descriptors that only ever grow are.
+        let burst: Vec<Value> = [28, 29, 29, 29, 29, 31, 31, 31, 36, 36, 31, 31]
+            .into_iter()
+            .map(|fds| merge(sample(50.0, 400), json!({ "writer_fds": fds })))
+            .collect();
+        assert_eq!(judge(&burst, 2.0, &[], true), Vec::<String>::new());
+        let leaking_fds: Vec<Value> =
+            (0..12).map(|i| merge(sample(50.0, 400), json!({ "writer_fds": 28 + 2 * i }))).collect();
+        assert!(judge(&leaking_fds, 12.0, &[], true)[0].starts_with("writer descriptors grew"));
         // The two-minute soak's run on CI: one more range held for the last 40 s.
         let stepped: Vec<Value> = [191, 382, 573, 764, 806, 806, 806, 805, 996, 996, 996, 995]
             .into_iter()
