@@ -164,11 +164,12 @@ impl WriteClient {
                 delivery.await.unwrap_or_else(|error| Err(WriteError::Produce(error.to_string())))?;
             }
             let mut results = Vec::with_capacity(replies.len());
-            let mut stages = None;
+            let mut last = None;
             for (receiver, _guard) in replies {
                 let Ok(Answered { outcome, timing, received }) = receiver.await else {
                     return Err(WriteError::Timeout);
                 };
+                last = timing.map(|timing| (timing, received));
                 match outcome {
                     ChunkOutcome::Applied { results: chunk, merged } => {
                         follow_merges(&mut results, &merged);
@@ -177,8 +178,10 @@ impl WriteClient {
                     ChunkOutcome::Failed => return Err(WriteError::Failed),
                     ChunkOutcome::Expired => return Err(WriteError::Expired),
                 }
-                stages = timing.zip(last_sent).map(|(timing, sent)| Stages::of(started, sent, timing, received));
             }
+            // The last chunk's way, against the last chunk's send.
+            let stages =
+                last.zip(last_sent).map(|((timing, received), sent)| Stages::of(started, sent, timing, received));
             Ok(Written { chunks: results, stages })
         };
         tokio::time::timeout_at(deadline, all).await.unwrap_or(Err(WriteError::Timeout))
