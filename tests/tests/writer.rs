@@ -2,7 +2,7 @@
 //! retrying cannot cure is answered, dead-lettered with its reasons, and skipped.
 
 use intake_tests::serde_json::json;
-use intake_tests::{conversion, produce_request, topic_headers, Stack, StackOptions};
+use intake_tests::{conversion, database, produce_request, topic_headers, wait_until, Stack, StackOptions};
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +78,19 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     stack.wait_writers_ready().await;
     let ready = stack.http.get(format!("{ops}/readyz")).send().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ready.status(), 200, "a writer in the group is ready");
+    // Its first connections rehearse a write, rolled back, before the first send needs them.
+    let rehearsed = || async { stack.writer_metrics(0).await.value("intake_writer_connections_rehearsed_total") >= 2.0 };
+    wait_until("two connections rehearsed", Duration::from_secs(10), rehearsed).await;
+    assert_eq!(stack.writer_metrics(0).await.value("intake_writer_connection_rehearsals_failed_total"), 0.0);
+    let db = database().await;
+    let left: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM workspaces WHERE id LIKE 'ws\\_rehearsal\\_%')
+              + (SELECT count(*) FROM applied_messages WHERE correlation_id LIKE 'ws\\_rehearsal\\_%')",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(left, 0, "a rehearsal leaves nothing stored");
     let batch: Vec<_> = (0..30).map(|_| conversion("lead")).collect();
     assert_eq!(stack.post("/v1/conversions/batch", &key, &json!({ "conversions": batch })).await.status, 200);
     let metrics = stack.writer_metrics(0).await;

@@ -97,6 +97,10 @@ pub struct Metrics {
     /// Messages a rewind needed that the requests topic no longer holds (its retention passed):
     /// answered once and now in neither the database nor Kafka.
     pub rewind_lost_messages: Counter,
+    /// New connections that applied a write in a rolled-back transaction before their first
+    /// real one (`store::rehearse`), and those whose rehearsal failed (a schema this version
+    /// does not know, the connection lost): their first write then prepares its statements.
+    pub connection_rehearsals: crate::store::Rehearsals,
 }
 
 impl Metrics {
@@ -206,6 +210,18 @@ impl Metrics {
                 "Messages a rewind needed that the requests topic no longer holds",
                 Counter::default(),
             ),
+            connection_rehearsals: crate::store::Rehearsals {
+                done: r.register(
+                    "connections_rehearsed",
+                    "New PostgreSQL connections that applied a write in a rolled-back transaction before their first",
+                    Counter::default(),
+                ),
+                failed: r.register(
+                    "connection_rehearsals_failed",
+                    "New PostgreSQL connections whose rehearsed write failed",
+                    Counter::default(),
+                ),
+            },
             registry: r.finish(),
         }
     }

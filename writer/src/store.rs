@@ -13,7 +13,7 @@ use crate::retry::{Classify, Failure};
 use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
 use intake_model::ids::Seed;
-use intake_model::message::{ChainMerge, ItemResult, RequestPart, WriteRequestV1};
+use intake_model::message::{ChainMerge, ItemResult, LogPosition, RequestPart, WriteRequestV1};
 use prometheus_client::metrics::gauge::Gauge;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -93,6 +93,7 @@ pub fn connect_lazy(
     pool_size: u32,
     timeouts: Timeouts,
     observer: Option<LineageObserver>,
+    rehearsals: Rehearsals,
 ) -> Result<PgPool, sqlx::Error> {
     let options = with_timeouts(PgConnectOptions::from_str(url)?, timeouts);
     Ok(PgPoolOptions::new()
@@ -100,15 +101,76 @@ pub fn connect_lazy(
         .acquire_timeout(Duration::from_secs(5))
         .after_connect(move |connection, _| {
             let observer = observer.clone();
+            let rehearsals = rehearsals.clone();
             Box::pin(async move {
                 let lineage = primary_lineage(connection).await?;
                 if let Some(observer) = observer {
                     observer(&lineage);
                 }
+                match rehearse(connection).await {
+                    Ok(()) => rehearsals.done.inc(),
+                    Err(error) => {
+                        tracing::warn!(%error, "a new connection's rehearsal of a write failed; its first write prepares");
+                        rehearsals.failed.inc()
+                    }
+                };
                 Ok(())
             })
         })
+        // Two connections opened, and rehearsed, as the writer starts: the quick start's first
+        // sends find them ready.
+        .min_connections(2.min(pool_size))
         .connect_lazy_with(options))
+}
+
+/// New connections rehearsed ([`rehearse`]), and those whose rehearsal failed.
+#[derive(Clone, Default)]
+pub struct Rehearsals {
+    pub done: prometheus_client::metrics::counter::Counter,
+    pub failed: prometheus_client::metrics::counter::Counter,
+}
+
+/// The prefix of the workspace and message id of [`rehearse`], made and dropped inside its
+/// transaction; each rehearsal's own, so that no two wait for each other's rows.
+const REHEARSAL: &str = "ws_rehearsal_";
+
+/// Applies a made-up conversion on a new connection in a transaction that is rolled back, so
+/// that the connection has prepared and planned a write's statements before its first real
+/// one. On a fresh backend the first write takes 10 to 20 ms more than the next ones (the
+/// catalog caches it loads, each statement's parse and generic plan), which the first sends
+/// after a start, a failover or a connection's renewal would otherwise wait for.
+pub async fn rehearse(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let now_ms = intake_common::config::now_ms();
+    // Recent and with a visitor id, so that the matching to visits is rehearsed too.
+    let occurred_at = time::OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let item = serde_json::json!({
+        "event": "lead",
+        "external_id": "rehearsal",
+        "occurred_at": occurred_at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+        "email": "rehearsal@example.com",
+        "visitor_id": "rehearsalvisitor",
+    });
+    let conversion = intake_model::validate::validate_conversion(&(&item).into(), now_ms)
+        .map_err(|invalid| sqlx::Error::Protocol(format!("the rehearsal's conversion is invalid: {invalid:?}")))?
+        .conversion;
+    let workspace_id = format!("{REHEARSAL}{}", now_us());
+    let request = WriteRequestV1 {
+        correlation_id: workspace_id.clone(),
+        reply_partition: 0,
+        deadline_ms: now_ms,
+        received_at_ms: now_ms,
+        workspace_id: workspace_id.clone(),
+        items: vec![conversion],
+        request: None,
+        position: Some(LogPosition { partition: 0, offset: 0, appended_ms: now_ms }),
+    };
+    let mut tx = connection.begin().await?;
+    sqlx::query("INSERT INTO workspaces (id, name, project_id) VALUES ($1, $1, $1)")
+        .bind(&workspace_id)
+        .execute(&mut *tx)
+        .await?;
+    apply_workspace(&mut tx, &workspace_id, &[&request], Lock::Try).await?;
+    tx.rollback().await
 }
 
 /// The lineage of the primary a connection reached: system identifier and the timeline of the

@@ -94,11 +94,12 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
         idle_in_transaction: Duration::from_millis(statement_timeout_ms),
     };
     let metrics = Arc::new(metrics::Metrics::new());
+    let rehearsals = metrics.connection_rehearsals.clone();
     let durability = Durability::new(&database.url, &durability, metrics.unreplicated_commits.clone())?;
     let health = health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
     let connected = health.clone();
     let observer: store::LineageObserver = Arc::new(move |lineage| connected.connected_to(lineage));
-    let pool = store::connect_lazy(&database.url, database.pool_size, timeouts, Some(observer))?;
+    let pool = store::connect_lazy(&database.url, database.pool_size, timeouts, Some(observer), rehearsals)?;
     tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
     let (stop, shutdown) = watch::channel(false);
     let signalled = health.clone();
