@@ -80,6 +80,7 @@ fn index_rows(plan: &Value, index: &str, out: &mut Vec<f64>) {
 /// A parameter of a statement.
 enum Param {
     Text(&'static str),
+    Int(i64),
     Texts(Vec<String>),
     Ints(Vec<i64>),
 }
@@ -93,6 +94,7 @@ impl Param {
         };
         match self {
             Param::Text(text) => quoted(text),
+            Param::Int(int) => int.to_string(),
             Param::Texts(texts) => {
                 format!("ARRAY[{}]::text[]", texts.iter().map(|t| quoted(t)).collect::<Vec<_>>().join(","))
             }
@@ -223,7 +225,7 @@ async fn erasure_and_matching_never_scan_the_big_tables_sequentially() {
         &db,
         "a chunk's related rows",
         lookups::RELATED_CONVERSIONS,
-        vec![ws(), external_ids, texts(&["e12"])],
+        vec![ws(), external_ids, texts(&["e12"]), Param::Int(0)],
     )
     .await;
     let related = plan.to_string();

@@ -413,23 +413,11 @@ fn millis(duration: std::time::Duration) -> f64 {
 pub struct Tombstones(Vec<(i64, Vec<String>)>);
 
 impl Tombstones {
-    /// Those of `workspace_id` newer than the oldest of `received_at_ms`: one indexed lookup,
-    /// empty unless an erasure happened within the last moments that a message can come back.
-    pub async fn load(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-        workspace_id: &str,
-        received_at_ms: impl Iterator<Item = i64>,
-    ) -> Result<Tombstones, sqlx::Error> {
-        let Some(oldest) = received_at_ms.min() else { return Ok(Tombstones(Vec::new())) };
-        let rows: Vec<(i64, Vec<String>)> = sqlx::query_as(
-            "SELECT (extract(epoch FROM erased_at) * 1000)::int8, digests FROM erasure_tombstones
-              WHERE workspace_id = $1 AND erased_at > 'epoch'::timestamptz + $2 * interval '1 millisecond'",
-        )
-        .bind(workspace_id)
-        .bind(oldest)
-        .fetch_all(&mut **tx)
-        .await?;
-        Ok(Tombstones(rows))
+    /// The erasures read with a chunk's related rows (`lookups::RELATED_CONVERSIONS`): each
+    /// one's time (epoch ms) and digests. Empty unless an erasure happened within the last
+    /// moments that a message can come back.
+    pub fn new(erasures: Vec<(i64, Vec<String>)>) -> Tombstones {
+        Tombstones(erasures)
     }
 
     /// The item as it is to be stored, when an erasure covers it; `None` when it is stored as sent.

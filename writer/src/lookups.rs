@@ -266,9 +266,18 @@ pub const MERGE_CHAINS: &str = "
 /// The stored rows a chunk's items can touch or link to: those with one of the items' external
 /// ids `$2`, and the children of the items `$3`; found by the two keys that lead with the
 /// workspace id's hash (migrations 0024 and 0025), the workspace checked in the row (see
-/// `plan::plan_chunk`).
+/// `plan::plan_chunk`). Each row also carries, as a JSON array of `[erased_at_ms, digests]`, the
+/// workspace's erasures after `$4` (the oldest item's receipt, epoch ms; `erase::Tombstones`),
+/// and when no row is related one row carries them alone, its columns null: one round trip for
+/// both, both read after the workspace's lock is held.
 pub const RELATED_CONVERSIONS: &str = concat!(
     "
+    SELECT t.tombstones, r.*
+      FROM (SELECT coalesce(jsonb_agg(jsonb_build_array((extract(epoch FROM erased_at) * 1000)::int8, digests)),
+                            '[]'::jsonb) AS tombstones
+              FROM erasure_tombstones
+             WHERE workspace_id = $1 AND erased_at > 'epoch'::timestamptz + $4::int8 * interval '1 millisecond') AS t
+      LEFT JOIN (
     SELECT id, event, external_id, chain_id, parent_external_id,
            (extract(epoch FROM occurred_at) * 1000)::int8 AS occurred_at_ms,
            visitor_id, click_id, contact_id, ",
@@ -284,5 +293,6 @@ pub const RELATED_CONVERSIONS: &str = concat!(
      WHERE ",
     intake_model::in_workspace!(),
     "
-       AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))"
+       AND (external_id = ANY($2) OR (parent_external_id IS NOT NULL AND parent_external_id = ANY($3)))
+      ) AS r ON true"
 );

@@ -120,8 +120,18 @@ pub fn connect_lazy(
         // Two connections opened, and rehearsed, as the writer starts: the quick start's first
         // sends find them ready.
         .min_connections(2.min(pool_size))
+        // sqlx pings every connection it hands out, a round trip before each transaction. Only
+        // one idle for a while is asked (as HikariCP does), which is when the server may have
+        // gone away meanwhile; one that fails later is an outage like any other, retried.
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move { Ok(meta.idle_for < PING_WHEN_IDLE || connection.ping().await.is_ok()) })
+        })
         .connect_lazy_with(options))
 }
+
+/// How long a connection may lie idle in the pool and still be handed out unasked.
+const PING_WHEN_IDLE: Duration = Duration::from_millis(500);
 
 /// New connections rehearsed ([`rehearse`]), and those whose rehearsal failed.
 #[derive(Clone, Default)]
@@ -578,8 +588,9 @@ async fn apply_workspace(
                 })
             })
             .collect();
+        let oldest_received_ms = fresh.iter().map(|r| r.received_at_ms).min().unwrap_or_default();
+        let (tombstones, related) = fetch_related(tx, workspace_id, &sent, oldest_received_ms).await?;
         // Items sent before an erasure that covers them are stored as it left the person's data.
-        let tombstones = Tombstones::load(tx, workspace_id, fresh.iter().map(|r| r.received_at_ms)).await?;
         let cleared: Vec<Option<Conversion>> = sent.iter().map(|&(c, at, _)| tombstones.clear(c, at)).collect();
         let items: Vec<plan::Item<'_>> = sent
             .iter()
@@ -590,7 +601,6 @@ async fn apply_workspace(
                 seed,
             })
             .collect();
-        let related = fetch_related(tx, workspace_id, &items).await?;
         let sizes: Vec<usize> = fresh.iter().map(|r| r.items.len()).collect();
         let plan = plan::plan_chunk(&items, &sizes, related);
         // Each message's results, recorded with the write, as they are also replied.
@@ -663,22 +673,43 @@ fn in_failed_request(request: &WriteRequestV1, failed: &HashMap<String, i32>) ->
         .is_some_and(|part| failed.get(&part.id).is_some_and(|&at| i64::from(part.index) > i64::from(at)))
 }
 
-/// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]).
+/// Every stored row the chunk's items can touch or link to (see [`plan::plan_chunk`]), and the
+/// erasures that cover items received since `oldest_received_ms`: one round trip. An erasure
+/// changes no external id, so the rows are those of the items as sent.
 async fn fetch_related(
     tx: &mut Transaction<'_, Postgres>,
     workspace_id: &str,
-    items: &[plan::Item<'_>],
-) -> Result<Vec<StoredConversion>, sqlx::Error> {
-    let external_ids: Vec<&str> = items.iter().map(|item| item.conversion.external_id.as_str()).collect();
+    sent: &[(&Conversion, i64, Option<Seed<'_>>)],
+    oldest_received_ms: i64,
+) -> Result<(Tombstones, Vec<StoredConversion>), sqlx::Error> {
+    let external_ids: Vec<&str> = sent.iter().map(|(c, _, _)| c.external_id.as_str()).collect();
     let mut ids_and_parents = external_ids.clone();
-    ids_and_parents
-        .extend(items.iter().filter_map(|item| item.conversion.parent_external_id.as_ref().map(|p| p.as_str())));
-    sqlx::query_as(lookups::RELATED_CONVERSIONS)
+    ids_and_parents.extend(sent.iter().filter_map(|(c, _, _)| c.parent_external_id.as_ref().map(|p| p.as_str())));
+    let mut rows: Vec<RelatedRow> = sqlx::query_as(lookups::RELATED_CONVERSIONS)
         .bind(workspace_id)
         .bind(&ids_and_parents)
         .bind(&external_ids)
+        .bind(oldest_received_ms)
         .fetch_all(&mut **tx)
-        .await
+        .await?;
+    let erasures = rows.first_mut().map(|row| std::mem::take(&mut row.tombstones.0)).unwrap_or_default();
+    Ok((Tombstones::new(erasures), rows.into_iter().filter_map(|row| row.conversion).collect()))
+}
+
+/// A row of [`lookups::RELATED_CONVERSIONS`]: the erasures, and a related row unless none is.
+struct RelatedRow {
+    tombstones: Json<Vec<(i64, Vec<String>)>>,
+    conversion: Option<StoredConversion>,
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for RelatedRow {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        let related = sqlx::Row::try_get::<Option<String>, _>(row, "id")?.is_some();
+        Ok(RelatedRow {
+            tombstones: sqlx::Row::try_get(row, "tombstones")?,
+            conversion: if related { Some(sqlx::FromRow::from_row(row)?) } else { None },
+        })
+    }
 }
 
 /// Implements `sqlx::FromRow` for a struct, each field read from the column of its name, as
