@@ -428,17 +428,20 @@ impl Database {
         runs: &[WorkspaceRun<'_>],
         lock: Lock,
     ) -> Result<Vec<Run>, sqlx::Error> {
-        let mut tx = connection.begin().await?;
-        if runs.len() > 1 {
+        let mut tx = if runs.len() > 1 {
             // Workspaces applied together wait for each other: a statement or a row lock that
             // takes long ends the transaction soon, and the caller applies each workspace
-            // alone, with the connection's own bounds.
-            sqlx::query("SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $2, true)")
-                .bind(TOGETHER_STATEMENT_TIMEOUT.as_millis().to_string())
-                .bind(TOGETHER_LOCK_TIMEOUT.as_millis().to_string())
-                .execute(&mut *tx)
-                .await?;
-        }
+            // alone, with the connection's own bounds. Set with BEGIN, in its round trip.
+            connection
+                .begin_with(format!(
+                    "BEGIN; SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = {}",
+                    TOGETHER_STATEMENT_TIMEOUT.as_millis(),
+                    TOGETHER_LOCK_TIMEOUT.as_millis()
+                ))
+                .await?
+        } else {
+            connection.begin().await?
+        };
         let mut outcomes = Vec::with_capacity(runs.len());
         let mut pid = 0;
         for &(workspace_id, requests) in runs {
