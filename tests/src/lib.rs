@@ -533,6 +533,10 @@ impl Stack {
         self.client().post(path, key, body).await
     }
 
+    pub async fn post_text(&self, path: &str, key: &TestKey, body: String) -> Reply {
+        self.client().post_text(path, key, body).await
+    }
+
     /// [`Stack::post`] as a client that honours Retry-After: a 503 or 429 is sent again after
     /// the time it names, for up to 30 s.
     pub async fn post_honouring_retry_after(&self, path: &str, key: &TestKey, body: &Value) -> Reply {
@@ -692,6 +696,21 @@ impl Client {
     pub async fn post(&self, path: &str, key: &TestKey, body: &Value) -> Reply {
         self.send(reqwest::Method::POST, path, Some(&key.bearer()), Some(body)).await
     }
+
+    /// A POST of a JSON body as written, for what a `Value` cannot hold (a duplicate key, a
+    /// number's exact text, invalid UTF-8 escapes).
+    pub async fn post_text(&self, path: &str, key: &TestKey, body: String) -> Reply {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .header("Authorization", key.bearer())
+            .header("Content-Type", "application/json")
+            .body(body);
+        Reply::from(
+            request.send().await.unwrap_or_else(|e| panic!("request failed (a dropped connection is a bug): {e}")),
+        )
+        .await
+    }
 }
 
 /// A scrape of Prometheus metrics in the text format.
@@ -761,6 +780,8 @@ pub struct Reply {
     pub status: u16,
     pub headers: reqwest::header::HeaderMap,
     pub body: Value,
+    /// The body's length as sent.
+    pub bytes: usize,
 }
 
 impl Reply {
@@ -768,8 +789,9 @@ impl Reply {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap_or_default();
+        let bytes = text.len();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Reply { status, headers, body }
+        Reply { status, headers, body, bytes }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {

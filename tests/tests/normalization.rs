@@ -3,35 +3,10 @@
 //! `details` capped. Bodies are sent as raw text so that numbers arrive exactly as written.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, now_ms, stored_fields, Stack, TestKey};
+use intake_tests::{conversion, database, now_ms, stored_fields, Reply, Stack, TestKey};
 
-/// What the client saw: status, body, and the body's size in bytes.
-struct Answer {
-    status: u16,
-    body: Value,
-    bytes: usize,
-    request_id: Option<String>,
-}
-
-async fn post_text(stack: &Stack, path: &str, key: &TestKey, body: String) -> Answer {
-    let response = stack
-        .http
-        .post(format!("{}{path}", stack.base_url))
-        .header("Authorization", key.bearer())
-        .header("Content-Type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("request failed (a dropped connection is a bug): {e}"));
-    let status = response.status().as_u16();
-    let request_id = response.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let text = response.text().await.unwrap_or_default();
-    let body = intake_tests::serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
-    Answer { status, body, bytes: text.len(), request_id }
-}
-
-async fn post(stack: &Stack, key: &TestKey, body: &Value) -> Answer {
-    post_text(stack, "/v1/conversions", key, body.to_string()).await
+async fn post(stack: &Stack, key: &TestKey, body: &Value) -> Reply {
+    stack.post_text("/v1/conversions", key, body.to_string()).await
 }
 
 /// A conversion's JSON text with `extra` (`"name": value` pairs, as written) appended. One
@@ -47,7 +22,7 @@ fn fresh_id() -> String {
     conversion("lead")["external_id"].as_str().unwrap_or_default().to_owned()
 }
 
-fn warnings(answer: &Answer) -> Vec<&str> {
+fn warnings(answer: &Reply) -> Vec<&str> {
     answer.body["conversion"]["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str).collect()
 }
 
@@ -90,7 +65,7 @@ async fn zip_digits_of_other_scripts_are_address_unparseable() {
     let mut ascii = conversion("lead");
     ascii["address"] = json!({"line1": "1 Main St", "zip": "94105-1234"});
     let answer =
-        post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [arabic, ascii]}).to_string()).await;
+        stack.post_text("/v1/conversions/batch", &key, json!({"conversions": [arabic, ascii]}).to_string()).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["results"][0]["conversion"]["warnings"], json!(["address_unparseable"]));
     assert!(answer.body["results"][1]["conversion"]["warnings"].is_null(), "{}", answer.body);
@@ -144,7 +119,7 @@ async fn control_characters_are_refused_or_make_identifiers_unusable() {
         );
         let path = if field == "tags" { "tags.c" } else { field };
         assert_eq!(detail_paths(&answer.body["error"]), vec![path]);
-        assert_eq!(answer.body["error"]["request_id"].as_str(), answer.request_id.as_deref());
+        assert_eq!(answer.body["error"]["request_id"].as_str(), answer.header("x-request-id"));
     }
 
     // Identifiers: a warning, the conversion saved without them.
@@ -166,8 +141,7 @@ async fn control_characters_are_refused_or_make_identifiers_unusable() {
     let mut bad = conversion("lead");
     bad["tags"] = json!({"c": "a\u{0}b"});
     let good = conversion("lead");
-    let answer =
-        post_text(&stack, "/v1/conversions/batch", &key, json!({"conversions": [bad, good]}).to_string()).await;
+    let answer = stack.post_text("/v1/conversions/batch", &key, json!({"conversions": [bad, good]}).to_string()).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(detail_paths(&answer.body["results"][0]["error"]), vec!["tags.c"]);
     assert_eq!(answer.body["results"][1]["conversion"]["result"], "created");
@@ -191,26 +165,25 @@ async fn value_as_a_json_number_is_kept_exactly() {
         ("0.30000000000000004", "0.30000000000000004"),
     ] {
         let external_id = fresh_id();
-        let answer =
-            post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, &format!(r#""value":{number}"#)))
-                .await;
+        let answer = stack
+            .post_text("/v1/conversions", &key, conversion_text(&external_id, &format!(r#""value":{number}"#)))
+            .await;
         assert_eq!(answer.status, 201, "{number}: {}", answer.body);
         assert_eq!(stored(&key, &external_id, "value").await.as_deref(), Some(expected), "{number}");
     }
 
     // "12.50" and 12.5 are the same value: the re-send is unchanged.
     let external_id = fresh_id();
-    let as_string =
-        post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, r#""value":"12.50""#)).await;
+    let as_string = stack.post_text("/v1/conversions", &key, conversion_text(&external_id, r#""value":"12.50""#)).await;
     assert_eq!(as_string.status, 201, "{}", as_string.body);
-    let as_number = post_text(&stack, "/v1/conversions", &key, conversion_text(&external_id, r#""value":12.5"#)).await;
+    let as_number = stack.post_text("/v1/conversions", &key, conversion_text(&external_id, r#""value":12.5"#)).await;
     assert_eq!(as_number.body["conversion"]["result"], "unchanged", "{}", as_number.body);
 
     // Out of range, however it is written: refused.
     for number in ["1000000000.0000001", "1000000000.5", "1e10", "-0.5", "1e400"] {
-        let answer =
-            post_text(&stack, "/v1/conversions", &key, conversion_text(&fresh_id(), &format!(r#""value":{number}"#)))
-                .await;
+        let answer = stack
+            .post_text("/v1/conversions", &key, conversion_text(&fresh_id(), &format!(r#""value":{number}"#)))
+            .await;
         assert_eq!(
             (answer.status, detail_paths(&answer.body["error"])),
             (422, vec!["value"]),
@@ -221,7 +194,7 @@ async fn value_as_a_json_number_is_kept_exactly() {
     // external_id as a JSON number must be an integer in range.
     for number in ["123.0", "1e3", "9007199254740992"] {
         let body = format!(r#"{{"event":"lead","external_id":{number},"occurred_at":{}}}"#, now_ms());
-        let answer = post_text(&stack, "/v1/conversions", &key, body).await;
+        let answer = stack.post_text("/v1/conversions", &key, body).await;
         assert_eq!(
             (answer.status, detail_paths(&answer.body["error"])),
             (422, vec!["external_id"]),
@@ -241,7 +214,7 @@ async fn details_are_capped_per_item_and_per_response() {
     let stack = Stack::start().await;
     let key = stack.workspace();
 
-    let answer = post_text(&stack, "/v1/conversions", &key, conversion_text(&fresh_id(), &unknown_fields(3000))).await;
+    let answer = stack.post_text("/v1/conversions", &key, conversion_text(&fresh_id(), &unknown_fields(3000))).await;
     assert_eq!(answer.status, 422, "{}", answer.body);
     let details = answer.body["error"]["details"].as_array().cloned().unwrap_or_default();
     assert_eq!(details.len(), 20);
@@ -249,7 +222,7 @@ async fn details_are_capped_per_item_and_per_response() {
     assert_eq!(details[19], json!({"path": "", "message": "2981 more problems not listed"}));
 
     let envelope = format!(r#"{{"conversions":[],{}}}"#, unknown_fields(5000));
-    let answer = post_text(&stack, "/v1/conversions/batch", &key, envelope).await;
+    let answer = stack.post_text("/v1/conversions/batch", &key, envelope).await;
     assert_eq!(answer.status, 422, "{}", answer.body);
     // The envelope's own field is named besides the 20 entries of unknown fields.
     assert_eq!(answer.body["error"]["details"].as_array().map(Vec::len), Some(21));
@@ -257,13 +230,13 @@ async fn details_are_capped_per_item_and_per_response() {
     assert!(details.iter().any(|detail| detail["path"] == "conversions"), "{}", answer.body);
 
     // A schema field's problem is named however many unknown fields come with it.
-    let answer = post_text(
-        &stack,
-        "/v1/conversions",
-        &key,
-        conversion_text(&fresh_id(), &format!(r#""currency":"EURO",{}"#, unknown_fields(3000))),
-    )
-    .await;
+    let answer = stack
+        .post_text(
+            "/v1/conversions",
+            &key,
+            conversion_text(&fresh_id(), &format!(r#""currency":"EURO",{}"#, unknown_fields(3000))),
+        )
+        .await;
     let details = answer.body["error"]["details"].as_array().cloned().unwrap_or_default();
     assert_eq!(details.len(), 21, "{}", answer.body);
     assert!(details.iter().any(|detail| detail["path"] == "currency"), "{}", answer.body);
@@ -272,7 +245,7 @@ async fn details_are_capped_per_item_and_per_response() {
     let items: Vec<String> = (0..500).map(|_| conversion_text(&fresh_id(), &unknown_fields(200))).collect();
     let body = format!(r#"{{"conversions":[{}]}}"#, items.join(","));
     assert!(body.len() < 1024 * 1024, "{}", body.len());
-    let answer = post_text(&stack, "/v1/conversions/batch", &key, body).await;
+    let answer = stack.post_text("/v1/conversions/batch", &key, body).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     let results = answer.body["results"].as_array().cloned().unwrap_or_default();
     let lists: Vec<usize> =

@@ -3,7 +3,7 @@
 //! normalized, nothing written.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, raw_http, stored_count, topic_contents, Reply, Stack, StackOptions, TestKey};
+use intake_tests::{conversion, database, raw_http, stored_count, topic_contents, Stack, StackOptions};
 use reqwest::Method;
 use std::time::{Duration, Instant};
 
@@ -16,23 +16,6 @@ fn batch(items: Vec<Value>) -> Value {
 
 fn paths(error: &Value) -> Vec<&str> {
     error["details"].as_array().into_iter().flatten().filter_map(|d| d["path"].as_str()).collect()
-}
-
-async fn post_text(stack: &Stack, path: &str, key: &TestKey, body: String) -> Reply {
-    let response = stack
-        .http
-        .post(format!("{}{path}", stack.base_url))
-        .header("Authorization", key.bearer())
-        .header("Content-Type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap_or_default();
-    let body = intake_tests::serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply { status, headers, body }
 }
 
 #[tokio::test]
@@ -148,7 +131,7 @@ async fn it_counts_against_the_request_limit_before_its_body_is_read() {
     }
     // Over the limit: 429 before the body is read, so even a body over 1 MiB gets it, not 413.
     let huge = "x".repeat(2 * 1024 * 1024);
-    let refused = post_text(&stack, PATH, &key, huge).await;
+    let refused = stack.post_text(PATH, &key, huge).await;
     assert_eq!((refused.status, refused.error_code()), (429, "rate_limited"), "{refused:?}");
     let retry_after: u64 = refused.header("retry-after").and_then(|v| v.parse().ok()).unwrap_or(0);
     assert!((1..=5).contains(&retry_after), "Retry-After {retry_after} within the 5 s window");
@@ -177,17 +160,17 @@ async fn errors_come_in_the_batch_endpoints_order() {
     );
     // 400 query_not_allowed before the body's size.
     let huge = format!("{{\"conversions\": [\"{}\"]}}", "x".repeat(1024 * 1024));
-    let query = post_text(&stack, &format!("{PATH}?dry_run=1"), &key, huge.clone()).await;
+    let query = stack.post_text(&format!("{PATH}?dry_run=1"), &key, huge.clone()).await;
     assert_eq!((query.status, query.error_code()), (400, "query_not_allowed"));
     // 413 before the JSON, at the batch endpoint's limit of 1 MiB.
-    let too_large = post_text(&stack, PATH, &key, format!("{huge}not json")).await;
+    let too_large = stack.post_text(PATH, &key, format!("{huge}not json")).await;
     assert_eq!((too_large.status, too_large.error_code()), (413, "payload_too_large"));
     let over_by_one = format!("{{\"conversions\":[\"{}\"]}}", "x".repeat(1024 * 1024 - 19));
     assert_eq!(over_by_one.len(), 1024 * 1024 + 1);
-    assert_eq!(post_text(&stack, PATH, &key, over_by_one).await.status, 413);
+    assert_eq!(stack.post_text(PATH, &key, over_by_one).await.status, 413);
     let at_the_limit = format!("{{\"conversions\":[\"{}\"]}}", "x".repeat(1024 * 1024 - 20));
     assert_eq!(at_the_limit.len(), 1024 * 1024);
-    let at_the_limit = post_text(&stack, PATH, &key, at_the_limit).await;
+    let at_the_limit = stack.post_text(PATH, &key, at_the_limit).await;
     assert_eq!(at_the_limit.status, 200, "exactly 1 MiB is read: {:?}", at_the_limit.status);
     assert_eq!(at_the_limit.body["summary"], json!({"valid": 0, "failed": 1}));
     // A body over 1 MiB without a Content-Length is cut off at the limit.
@@ -200,7 +183,7 @@ async fn errors_come_in_the_batch_endpoints_order() {
     );
     assert_eq!(raw_http(&address, chunked.as_bytes()).await.0, 413);
     // 400 invalid_json before the envelope.
-    let invalid = post_text(&stack, PATH, &key, "{\"conversions\": [".to_owned()).await;
+    let invalid = stack.post_text(PATH, &key, "{\"conversions\": [".to_owned()).await;
     assert_eq!((invalid.status, invalid.error_code()), (400, "invalid_json"));
     // 422 validation_failed on the envelope, with its path.
     let many: Vec<Value> = (0..501).map(|_| conversion("lead")).collect();
