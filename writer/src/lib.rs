@@ -1,10 +1,11 @@
 //! The writer as a library: the consumer, scheduler and workers, the SQL of a chunk, the retry
-//! policy and what the operator commands do. The `intake-writer` binary (main.rs and
-//! commands/) is its command line; the benchmark's `direct_apply` baseline (bench/) links it to
+//! policy and what the operator commands do, and the command line of the `intake-writer`
+//! binary (`commands/`, which main.rs only calls); the benchmark's `direct_apply` baseline (bench/) links it to
 //! time the apply path alone, without shipping a benchmark inside the production binary.
 
 pub mod admin;
 mod apply;
+pub mod commands;
 pub mod consume;
 pub mod dlq;
 pub mod durability;

@@ -1,7 +1,7 @@
 //! `intake-writer dlq`.
 
+use crate::dlq;
 use intake_common::config::KafkaArgs;
-use intake_writer::dlq;
 use serde_json::Value;
 
 #[derive(clap::Args)]

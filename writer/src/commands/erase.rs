@@ -1,9 +1,9 @@
 //! `intake-writer erase`.
 
+use crate::durability::DurabilityArgs;
+use crate::erase;
+use crate::store::{self, Database};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::DurabilityArgs;
-use intake_writer::erase;
-use intake_writer::store::{self, Database};
 use serde_json::Value;
 
 #[derive(clap::Args)]

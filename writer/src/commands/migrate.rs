@@ -1,8 +1,8 @@
 //! `intake-writer migrate`.
 
+use crate::durability::{Durability, DurabilityArgs};
+use crate::{migrations, store};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::{Durability, DurabilityArgs};
-use intake_writer::{migrations, store};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 

@@ -1,9 +1,9 @@
 //! `intake-writer replay`.
 
+use crate::durability::DurabilityArgs;
+use crate::replay;
+use crate::store::{self, Database};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::DurabilityArgs;
-use intake_writer::replay;
-use intake_writer::store::{self, Database};
 use serde_json::Value;
 
 #[derive(clap::Args)]

@@ -1,9 +1,9 @@
 //! `intake-writer restore`.
 
+use crate::durability::DurabilityArgs;
+use crate::restore;
+use crate::store::{self, Database};
 use intake_common::config::DatabaseArgs;
-use intake_writer::durability::DurabilityArgs;
-use intake_writer::restore;
-use intake_writer::store::{self, Database};
 use serde_json::Value;
 
 #[derive(clap::Args)]

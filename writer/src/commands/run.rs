@@ -1,9 +1,9 @@
 //! `intake-writer run`: the service itself.
 
+use crate::durability::{Durability, DurabilityArgs};
+use crate::store::{self, Database};
+use crate::{consume, health, metrics, migrations, ops, retry};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use intake_writer::durability::{Durability, DurabilityArgs};
-use intake_writer::store::{self, Database};
-use intake_writer::{consume, health, metrics, migrations, ops, retry};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! `intake-writer topics`.
 
+use crate::{partitions, topics};
 use intake_common::config::KafkaArgs;
-use intake_writer::{partitions, topics};
 use serde_json::Value;
 use std::time::Duration;
 
