@@ -815,6 +815,27 @@ pub async fn database() -> sqlx::PgPool {
         .unwrap_or_else(|e| panic!("database: {e}"))
 }
 
+/// Takes workspace `workspace_id`'s apply lock on `session`, the lock every writer and operator
+/// command takes before it applies anything of that workspace (writer/src/store.rs), as a long
+/// erasure or an operator's session left idle would hold it: until [`release_workspace`] or the
+/// session's end.
+pub async fn hold_workspace(session: &mut sqlx::PgConnection, workspace_id: &str) {
+    workspace_lock(session, "SELECT pg_advisory_lock(hashtextextended($1, 0))", workspace_id).await;
+}
+
+/// Gives back a lock [`hold_workspace`] took on the same session.
+pub async fn release_workspace(session: &mut sqlx::PgConnection, workspace_id: &str) {
+    workspace_lock(session, "SELECT pg_advisory_unlock(hashtextextended($1, 0))", workspace_id).await;
+}
+
+async fn workspace_lock(session: &mut sqlx::PgConnection, statement: &'static str, workspace_id: &str) {
+    sqlx::query(statement)
+        .bind(workspace_id)
+        .execute(session)
+        .await
+        .unwrap_or_else(|e| panic!("{statement} for {workspace_id}: {e}"));
+}
+
 /// How many conversions a workspace has stored.
 pub async fn stored_count(db: &sqlx::PgPool, workspace_id: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM conversions WHERE workspace_id = $1")

@@ -69,11 +69,7 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
     let db = database().await;
     // Another session holds the workspace's apply lock, as a long erasure would.
     let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
-    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
-        .bind(&held.workspace_id)
-        .execute(&mut *holder)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    hold_workspace(&mut holder, &held.workspace_id).await;
 
     // The held workspace keeps sending 500-item batches meanwhile, four clients at once.
     let flooding: Vec<_> = (0..4)
@@ -132,11 +128,7 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
     assert!(held_statuses.contains(&503), "the held workspace is refused alone: {held_statuses:?}");
 
     // Released: the held workspace writes again soon.
-    sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-        .bind(&held.workspace_id)
-        .execute(&mut *holder)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    release_workspace(&mut holder, &held.workspace_id).await;
     let released = Instant::now();
     loop {
         let reply = stack.post("/v1/conversions", &held, &conversion("lead")).await;

@@ -270,14 +270,7 @@ async fn a_workspace_held_elsewhere_past_the_bound_makes_the_writer_unready_but_
     // An operator's session holds the workspace's apply lock, as one left idle in a
     // transaction during an erasure would.
     let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
-    let lock = |function: &'static str| {
-        sqlx::query(match function {
-            "lock" => "SELECT pg_advisory_lock(hashtextextended($1, 0))",
-            _ => "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-        })
-        .bind(key.workspace_id.clone())
-    };
-    lock("lock").execute(&mut *holder).await.unwrap_or_else(|e| panic!("{e}"));
+    hold_workspace(&mut holder, &key.workspace_id).await;
     assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 500);
     let writer = &stack.writer_ops_urls[0];
     let held = || async {
@@ -288,7 +281,7 @@ async fn a_workspace_held_elsewhere_past_the_bound_makes_the_writer_unready_but_
     let series = format!(r#"intake_writer_workspace_waiting_seconds{{workspace_id="{}"}}"#, key.workspace_id);
     assert!(stack.writer_metrics(0).await.value(&series) >= 1.0);
 
-    lock("unlock").execute(&mut *holder).await.unwrap_or_else(|e| panic!("{e}"));
+    release_workspace(&mut holder, &key.workspace_id).await;
     wait_until("the writer ready again", Duration::from_secs(20), || async {
         ops(&stack, writer, "/readyz").await.0 == 200
     })
@@ -320,11 +313,7 @@ async fn several_workspaces_stuck_on_their_own_partitions_never_stop_the_others(
     let db = database().await;
     let mut holder = db.acquire().await.unwrap_or_else(|e| panic!("{e}"));
     for key in &stuck {
-        sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
-            .bind(&key.workspace_id)
-            .execute(&mut *holder)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        hold_workspace(&mut holder, &key.workspace_id).await;
     }
     // Their backlogs, several times the budget each: read until each is beyond its share and
     // together past the whole budget.
