@@ -79,9 +79,12 @@ async fn the_writer_reports_ready_lag_and_results_on_its_ops_port() {
     let ready = stack.http.get(format!("{ops}/readyz")).send().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ready.status(), 200, "a writer in the group is ready");
     // Its first connections rehearse a write, rolled back, before the first send needs them.
-    let rehearsed =
-        || async { stack.writer_metrics(0).await.value("intake_writer_connections_rehearsed_total") >= 2.0 };
-    wait_until("two connections rehearsed", Duration::from_secs(10), rehearsed).await;
+    let rehearsals = || async {
+        let metrics = stack.writer_metrics(0).await;
+        metrics.value("intake_writer_connections_rehearsed_total")
+            + metrics.value("intake_writer_connection_rehearsals_failed_total")
+    };
+    wait_until("two connections rehearsed", Duration::from_secs(10), || async { rehearsals().await >= 2.0 }).await;
     assert_eq!(stack.writer_metrics(0).await.value("intake_writer_connection_rehearsals_failed_total"), 0.0);
     let db = database().await;
     let left: i64 = sqlx::query_scalar(

@@ -117,9 +117,9 @@ pub fn connect_lazy(
                 Ok(())
             })
         })
-        // Two connections opened, and rehearsed, as the writer starts: the quick start's first
-        // sends find them ready.
-        .min_connections(2.min(pool_size))
+        // A connection closed (one that met an outage, one past its lifetime) is replaced, and
+        // rehearsed, in the background, not by the write that next needs it.
+        .min_connections(READY_CONNECTIONS.min(pool_size))
         // sqlx pings every connection it hands out, a round trip before each transaction. Only
         // one idle for a while is asked (as HikariCP does), which is when the server may have
         // gone away meanwhile; one that fails later is an outage like any other, retried.
@@ -128,6 +128,28 @@ pub fn connect_lazy(
             Box::pin(async move { Ok(meta.idle_for < PING_WHEN_IDLE || connection.ping().await.is_ok()) })
         })
         .connect_lazy_with(options))
+}
+
+/// The connections a writer keeps open and rehearsed for its next writes.
+const READY_CONNECTIONS: u32 = 2;
+
+/// Opens [`READY_CONNECTIONS`] connections of `pool`, each rehearsed as it connects, and gives
+/// them back, so that the first sends after a writer's start find them ready. sqlx's
+/// `min_connections` opens none at the start of a lazy pool, only after one is closed. A
+/// database away at the start leaves them to the first writes.
+pub async fn open_ready_connections(pool: PgPool) {
+    let count = READY_CONNECTIONS.min(pool.options().get_max_connections()) as usize;
+    let mut opened = Vec::with_capacity(count);
+    // Each held while the next is asked for, so that the pool opens another.
+    while opened.len() < count {
+        match pool.acquire().await {
+            Ok(connection) => opened.push(connection),
+            Err(error) => {
+                tracing::debug!(%error, "no connection opened ahead of the first writes");
+                return;
+            }
+        }
+    }
 }
 
 /// How long a connection may lie idle in the pool and still be handed out unasked.

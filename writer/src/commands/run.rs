@@ -100,6 +100,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let connected = health.clone();
     let observer: store::LineageObserver = Arc::new(move |lineage| connected.connected_to(lineage));
     let pool = store::connect_lazy(&database.url, database.pool_size, timeouts, Some(observer), rehearsals)?;
+    tokio::spawn(store::open_ready_connections(pool.clone()));
     tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
     let (stop, shutdown) = watch::channel(false);
     let signalled = health.clone();
