@@ -606,4 +606,14 @@ ha_single_running() {
 
 # The stack's layout: data in .intake/ha, the primary on $PG_PORT.
 start_ha() { start_ha_cluster "$INTAKE_HOME" "$HA_BASE_PORT" "$PG_PORT" >/dev/null; }
+
+# ha_nodes_url BASE DATABASE: the layout's three PostgreSQL nodes in libpq's multi-host form, the
+# writers' DATABASE_URL: a writer follows the primary among them itself (writer/src/primary.rs),
+# so that a write's round trips skip HAProxy's relay. The gateways, operators and scripts use
+# HAProxy's address.
+ha_nodes_url() {
+    local hosts="" n
+    for n in 1 2 3; do hosts+="${hosts:+,}127.0.0.1:$(ha_port "$1" pg "$n")"; done
+    echo "postgres://postgres@$hosts/$2"
+}
 stop_ha() { stop_ha_cluster "$INTAKE_HOME"; }

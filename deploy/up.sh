@@ -84,7 +84,9 @@ fi
 "$BIN/intake-writer" migrate --contract >/dev/null
 "$BIN/intake-writer" topics >/dev/null  # partition counts: INTAKE_REQUEST_PARTITIONS, INTAKE_REPLY_PARTITIONS
 
-start_process writer "$BIN/intake-writer" run --ops-listen 127.0.0.1:8091
+writer_url="$DATABASE_URL"
+[ "$ha" = 0 ] || writer_url="$(ha_nodes_url "$HA_BASE_PORT" intake)"
+DATABASE_URL="$writer_url" start_process writer "$BIN/intake-writer" run --ops-listen 127.0.0.1:8091
 start_process gateway "$BIN/intake-gateway" --listen 127.0.0.1:8080 --ops-listen 127.0.0.1:8081 --reply-partition 0
 wait_for "gateway" 60 curl -fsS http://127.0.0.1:8081/readyz
 # The writer is ready once the group gave it its partitions: before that, the printed curl would

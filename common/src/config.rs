@@ -4,7 +4,10 @@ use clap::Args;
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL connection URL.
+    /// PostgreSQL connection URL. The writer and its commands also take the nodes of an HA
+    /// cluster in libpq's multi-host form (postgres://user@node-1:5432,node-2:5432/intake) and
+    /// use whichever takes writes, following it through a failover; the gateway takes one
+    /// address.
     #[arg(long = "database-url", env = "DATABASE_URL")]
     pub url: String,
     /// Connections in the pool.

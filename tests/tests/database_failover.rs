@@ -98,6 +98,20 @@ impl HaLayout {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.primary_port())
     }
 
+    /// The writers' address, as deploy/up.sh --ha gives it (deploy/ha.sh ha_nodes_url): the
+    /// three nodes, among which a writer follows the primary itself.
+    fn nodes_url(&self) -> String {
+        let hosts: Vec<String> = (1..=3).map(|n| format!("127.0.0.1:{}", self.base + 19 + n)).collect();
+        format!("postgres://postgres@{}/postgres", hosts.join(","))
+    }
+
+    /// The writers' environment on the layout: its nodes, and `more`.
+    fn writer_env(&self, more: &[(&str, &str)]) -> Vec<(String, String)> {
+        std::iter::once(("DATABASE_URL".to_owned(), self.nodes_url()))
+            .chain(more.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())))
+            .collect()
+    }
+
     fn rest_url(&self, node: u16, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.base + 29 + node)
     }
@@ -174,6 +188,12 @@ impl Drop for HaLayout {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// The address of node `name` (`node-N`) as the writers' URL names it.
+fn new_leader_address(layout: &HaLayout, name: &str) -> String {
+    let n: u16 = name.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{name}: {e}"));
+    format!("127.0.0.1:{}", layout.base + 19 + n)
 }
 
 /// A member of Patroni's /cluster: name, role, state.
@@ -263,9 +283,12 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let layout_up = started.elapsed();
     layout.migrate();
     // Production's write timeout and stall rule; no rate limit in the way of the traffic.
-    let stack =
-        Stack::start_with(StackOptions { database_url: Some(layout.database_url()), ..StackOptions::unlimited() })
-            .await;
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(layout.database_url()),
+        writer_env: layout.writer_env(&[]),
+        ..StackOptions::unlimited()
+    })
+    .await;
     let keys = stack.workspaces_on_every_partition();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
     let cluster = || async {
@@ -373,6 +396,15 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
         );
     }
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
+    // The writer found the new primary among the nodes itself, not through HAProxy.
+    let writer_log = std::fs::read_to_string(stack.log_dir.join("writer.log")).unwrap_or_default();
+    assert!(
+        writer_log
+            .lines()
+            .any(|line| line.contains("the primary moved") && line.contains(&new_leader_address(&layout, &new_leader))),
+        "the writer did not follow the primary to {new_leader} (writer logs {})",
+        stack.log_dir.display()
+    );
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(&layout.database_url())
@@ -455,10 +487,10 @@ async fn no_answer_leaves_before_a_synchronous_standby_has_the_commit_however_it
     let bound = Duration::from_millis(1_000);
     let stack = Stack::start_with(StackOptions {
         database_url: Some(layout.database_url()),
-        writer_env: vec![
-            ("INTAKE_WRITER_ACK_WHEN".into(), "replicated".into()),
-            ("INTAKE_WRITER_REPLICATION_WAIT_MS".into(), bound.as_millis().to_string()),
-        ],
+        writer_env: layout.writer_env(&[
+            ("INTAKE_WRITER_ACK_WHEN", "replicated"),
+            ("INTAKE_WRITER_REPLICATION_WAIT_MS", &bound.as_millis().to_string()),
+        ]),
         ..StackOptions::unlimited()
     })
     .await;
@@ -621,7 +653,7 @@ async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_ack
     // `auto`: no synchronous standby is named, so an answer waits for the primary's disk alone.
     let stack = Stack::start_with(StackOptions {
         database_url: Some(layout.database_url()),
-        writer_env: vec![("INTAKE_LOG".to_owned(), "info,intake_writer::rewind=debug".to_owned())],
+        writer_env: layout.writer_env(&[("INTAKE_LOG", "info,intake_writer::rewind=debug")]),
         ..StackOptions::unlimited()
     })
     .await;

@@ -19,7 +19,6 @@
 use prometheus_client::metrics::counter::Counter;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,19 +96,30 @@ const CANCEL_WAIT: &str =
     "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'";
 
 impl Durability {
-    /// `url`: the database the commits go to; its control connection is made when first needed.
-    pub fn new(url: &str, args: &DurabilityArgs, unconfirmed: Counter) -> Result<Durability, sqlx::Error> {
+    /// `node`: the database the commits go to; its control connection is made when first needed.
+    pub fn new(node: PgConnectOptions, args: &DurabilityArgs, unconfirmed: Counter) -> Durability {
         let control = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(2))
-            .connect_lazy_with(PgConnectOptions::from_str(url)?.options([("statement_timeout", "2000")]));
-        Ok(Durability {
+            .connect_lazy_with(Durability::control_options(node));
+        Durability {
             when: args.ack_when,
             wait: Duration::from_millis(args.replication_wait_ms),
             control,
             unconfirmed,
             told_blind: Arc::default(),
-        })
+        }
+    }
+
+    /// The control connection's options on `node`: its statements are short, or something is
+    /// wrong.
+    pub fn control_options(node: PgConnectOptions) -> PgConnectOptions {
+        node.options([("statement_timeout", "2000")])
+    }
+
+    /// The control connection's pool, for [`crate::primary::Primary::follow`].
+    pub fn control(&self) -> &PgPool {
+        &self.control
     }
 
     /// Commits `tx`, whose session is backend `pid`, within the bound; a wait for the standby

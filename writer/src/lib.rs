@@ -24,6 +24,7 @@ mod outbox;
 pub mod partitions;
 mod plan;
 mod positions;
+pub mod primary;
 mod read;
 pub mod replay;
 pub mod restore;

@@ -9,6 +9,7 @@ use crate::durability::Durability;
 use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
+use crate::primary::Primary;
 use crate::retry::{Classify, Failure};
 use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
@@ -21,12 +22,16 @@ use sqlx::query::QueryScalar;
 use sqlx::types::Json;
 use sqlx::{Connection, Postgres, Transaction};
 use std::collections::{BTreeMap, HashMap};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A pool for an operator command, on the primary among the nodes `url` names.
 pub async fn connect(url: &str, pool_size: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new().max_connections(pool_size).acquire_timeout(Duration::from_secs(5)).connect(url).await
+    PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(crate::primary::resolve(url).await?)
+        .await
 }
 
 /// Bounds on every statement of a connection, so that no statement hangs a worker: a statement
@@ -56,12 +61,13 @@ pub const OPERATOR_TIMEOUTS: Timeouts = Timeouts {
 const TOGETHER_STATEMENT_TIMEOUT: Duration = Duration::from_millis(1_000);
 const TOGETHER_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// A pool for an operator command, with `timeouts` on every connection.
+/// A pool for an operator command, with `timeouts` on every connection, on the primary among
+/// the nodes `url` names.
 pub async fn connect_with(url: &str, pool_size: u32, timeouts: Timeouts) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(with_timeouts(PgConnectOptions::from_str(url)?, timeouts))
+        .connect_with(with_timeouts(crate::primary::resolve(url).await?, timeouts))
         .await
 }
 
@@ -85,25 +91,28 @@ fn with_timeouts(options: PgConnectOptions, timeouts: Timeouts) -> PgConnectOpti
 /// timeline, which a promotion or a restore changes (`health::Health::connected_to`).
 pub type LineageObserver = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// A pool that connects when first used, so that a writer can start while PostgreSQL is away;
-/// every connection carries `timeouts`, and none is kept that reached a standby. `observer` is
-/// told each new connection's lineage before the connection is used.
+/// A pool that connects when first used, so that a writer can start while PostgreSQL is away,
+/// to the node `primary` has in use and then to wherever it follows the primary; every
+/// connection carries `timeouts`, and none is kept that reached a standby. `observer` is told
+/// each new connection's lineage before the connection is used.
 pub fn connect_lazy(
-    url: &str,
+    primary: &Arc<Primary>,
     pool_size: u32,
     timeouts: Timeouts,
     observer: Option<LineageObserver>,
     rehearsals: Rehearsals,
-) -> Result<PgPool, sqlx::Error> {
-    let options = with_timeouts(PgConnectOptions::from_str(url)?, timeouts);
-    Ok(PgPoolOptions::new()
+) -> PgPool {
+    let options = with_timeouts(primary.options(), timeouts);
+    let follower = primary.clone();
+    let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
         .after_connect(move |connection, _| {
             let observer = observer.clone();
             let rehearsals = rehearsals.clone();
+            let primary = follower.clone();
             Box::pin(async move {
-                let lineage = primary_lineage(connection).await?;
+                let lineage = primary_lineage(connection).await.inspect_err(|_| primary.suspect())?;
                 if let Some(observer) = observer {
                     observer(&lineage);
                 }
@@ -127,7 +136,9 @@ pub fn connect_lazy(
         .before_acquire(|connection, meta| {
             Box::pin(async move { Ok(meta.idle_for < PING_WHEN_IDLE || connection.ping().await.is_ok()) })
         })
-        .connect_lazy_with(options))
+        .connect_lazy_with(options);
+    primary.follow(&pool, move |node| with_timeouts(node, timeouts));
+    pool
 }
 
 /// The connections a writer keeps open and rehearsed for its next writes.
@@ -342,16 +353,13 @@ pub struct Database {
 impl Database {
     /// The database of an operator command: its own pool, and commits acknowledged as the
     /// writers' are (`--ack-when`), with no metrics to count into.
-    pub fn for_command(
-        pool: PgPool,
-        url: &str,
-        durability: &crate::durability::DurabilityArgs,
-    ) -> Result<Database, sqlx::Error> {
-        Ok(Database {
+    pub fn for_command(pool: PgPool, durability: &crate::durability::DurabilityArgs) -> Database {
+        let node = pool.connect_options().as_ref().clone();
+        Database {
+            durability: Durability::new(node, durability, prometheus_client::metrics::counter::Counter::default()),
             pool,
-            durability: Durability::new(url, durability, prometheus_client::metrics::counter::Counter::default())?,
             schema_behind: Gauge::default(),
-        })
+        }
     }
 
     /// Applies the chunk, waiting for its workspace's lock, or returns the results it had when

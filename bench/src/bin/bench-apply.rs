@@ -14,9 +14,8 @@ use clap::Parser;
 use intake_common::config::{init_logging, DatabaseArgs, LogArgs};
 use intake_model::conversion::{Conversion, ExternalId};
 use intake_model::message::WriteRequestV1;
-use intake_writer::durability::{Durability, DurabilityArgs};
+use intake_writer::durability::DurabilityArgs;
 use intake_writer::store::{self, Database};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -53,11 +52,7 @@ async fn main() {
     let log = init_logging(&log);
     let outcome = async {
         let pool = store::connect(&database.url, u32::try_from(concurrency).unwrap_or(1).max(1)).await?;
-        let db = Database {
-            pool,
-            durability: Durability::new(&database.url, &durability, Counter::default())?,
-            schema_behind: Default::default(),
-        };
+        let db = Database::for_command(pool, &durability);
         apply_batches(&db, &Settings { from, duration: Duration::from_secs(seconds), concurrency }).await
     }
     .await;

@@ -53,7 +53,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
         _ => anyhow::bail!("give one of --email, --phone, --contact-id, --visitor-id"),
     };
     let pool = store::connect_with(&database.url, 1, store::OPERATOR_TIMEOUTS).await?;
-    let db = Database::for_command(pool, &database.url, &durability)?;
+    let db = Database::for_command(pool, &durability);
     let (erased, record) = erase::erase(&db, &workspace, identifier).await?;
     erase::record(&kafka, &record).await.map_err(|error| {
         error.context(

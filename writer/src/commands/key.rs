@@ -38,7 +38,7 @@ pub enum KeyCommand {
 pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let Args { command, database, durability } = args;
     let pool = store::connect(&database.url, 1).await?;
-    let db = Database::for_command(pool, &database.url, &durability)?;
+    let db = Database::for_command(pool, &durability);
     match command {
         KeyCommand::Create { workspace, scopes } => admin::create_key(&db, &workspace, &scopes).await,
         KeyCommand::Revoke { id } => admin::revoke_key(&db, &id).await,

@@ -41,7 +41,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     }
     let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
     let waiting = migrations::run(&pool, stage, through).await?;
-    let durability = Durability::new(&database.url, &durability, Counter::default())?;
+    let durability = Durability::new(pool.connect_options().as_ref().clone(), &durability, Counter::default());
     durability.confirm(&mut *pool.acquire().await?).await?;
     Ok(json!({ "migrated": true, "waiting_for_contract": waiting }))
 }

@@ -41,7 +41,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let Args { partition, from_offset, to_offset, from_time, topic, dry_run, accept_loss, kafka, database, durability } =
         args;
     let pool = store::connect_with(&database.url, 2, store::OPERATOR_TIMEOUTS).await?;
-    let db = Database::for_command(pool, &database.url, &durability)?;
+    let db = Database::for_command(pool, &durability);
     let start = match (partition, from_offset, from_time) {
         (Some(partition), Some(from), _) => replay::Start::Offsets { partition, from, to: to_offset },
         (_, _, Some(time)) => {

@@ -42,7 +42,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
         RestoreCommand::Export { to } => restore::save(&restore::export(&pool).await?, &to),
         RestoreCommand::Apply { from } => {
             let export = restore::load(&from)?;
-            let db = Database::for_command(pool, &database.url, &durability)?;
+            let db = Database::for_command(pool, &durability);
             restore::apply(&db, &export).await
         }
     }

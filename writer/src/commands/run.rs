@@ -1,6 +1,7 @@
 //! `intake-writer run`: the service itself.
 
 use crate::durability::{Durability, DurabilityArgs};
+use crate::primary::Primary;
 use crate::store::{self, Database};
 use crate::{consume, health, metrics, migrations, ops, retry};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
@@ -95,14 +96,18 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     };
     let metrics = Arc::new(metrics::Metrics::new());
     let rehearsals = metrics.connection_rehearsals.clone();
-    let durability = Durability::new(&database.url, &durability, metrics.unreplicated_commits.clone())?;
+    // The nodes DATABASE_URL names, and the primary among them followed (a single node: itself).
+    let primary = Primary::new(&database.url)?;
+    let durability = Durability::new(primary.options(), &durability, metrics.unreplicated_commits.clone());
+    primary.follow(durability.control(), Durability::control_options);
     let health = health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
     let connected = health.clone();
     let observer: store::LineageObserver = Arc::new(move |lineage| connected.connected_to(lineage));
-    let pool = store::connect_lazy(&database.url, database.pool_size, timeouts, Some(observer), rehearsals)?;
+    let pool = store::connect_lazy(&primary, database.pool_size, timeouts, Some(observer), rehearsals);
     tokio::spawn(store::open_ready_connections(pool.clone()));
     tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
     let (stop, shutdown) = watch::channel(false);
+    tokio::spawn(primary.follow_changes(shutdown.clone()));
     let signalled = health.clone();
     tokio::spawn(async move {
         intake_common::service::shutdown_signal().await;

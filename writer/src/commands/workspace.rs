@@ -45,7 +45,7 @@ pub enum WorkspaceCommand {
 pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let Args { command, database, durability } = args;
     let pool = store::connect(&database.url, 1).await?;
-    let db = Database::for_command(pool, &database.url, &durability)?;
+    let db = Database::for_command(pool, &durability);
     match command {
         WorkspaceCommand::Create { name, project_id, site_restriction, sites } => {
             admin::create_workspace(&db, admin::NewWorkspace { name, project_id, site_restriction, sites }).await

@@ -289,6 +289,14 @@ async fn database_on(layout: &Layout, single_url: &str) -> anyhow::Result<Layout
     Ok(LayoutDatabase { url, db })
 }
 
+/// `url`'s database on the layout's three nodes, in libpq's multi-host form (deploy/ha.sh
+/// ha_nodes_url).
+fn nodes_url(base: u16, url: &str) -> String {
+    let database = url.rsplit_once('/').map_or("postgres", |(_, database)| database);
+    let hosts: Vec<String> = (1..=3).map(|n| format!("127.0.0.1:{}", base + 19 + n)).collect();
+    format!("postgres://postgres@{}/{database}", hosts.join(","))
+}
+
 /// What the scenarios on a layout measured, and where its servers are.
 struct OnLayout {
     scenarios: Vec<(&'static str, Scenario)>,
@@ -315,13 +323,15 @@ async fn run_scenarios(
     let standbys: Vec<String> =
         standby_ports.iter().map(|port| format!("postgres://postgres@127.0.0.1:{port}/postgres")).collect();
     say(&format!("on the HA layout: {} gateway(s) and {} writer(s)", config.gateways, config.writers));
-    // INTAKE_BENCH_HA_DIRECT=1: the writers connect to the primary's own port, not through
-    // HAProxy; what the proxy costs, for a comparison (a failover would leave them behind).
-    let writers_url = match std::env::var("INTAKE_BENCH_HA_DIRECT").as_deref() {
-        Ok("1") => url.replacen(&format!(":{}/", layout.primary), &format!(":{primary_port}/"), 1),
-        _ => url.clone(),
+    // The writers on the nodes themselves, following the primary, as deploy/up.sh --ha runs
+    // them; INTAKE_BENCH_HA_VIA_HAPROXY=1 puts them behind HAProxy, as the gateways are, for
+    // what the proxy's relay of each round trip costs.
+    let writers_url = match std::env::var("INTAKE_BENCH_HA_VIA_HAPROXY").as_deref() {
+        Ok("1") => url.clone(),
+        _ => nodes_url(config.ha_base_port, url),
     };
-    let stack = crate::start_stack_on(config.gateways, config.writers, Some(writers_url), ack_when).await;
+    let stack =
+        crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), Some(writers_url), ack_when).await;
     let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();
     let plans = Plans { keys: Arc::new(keys) };
     let roles = crate::roles_of(&stack, &layout_roles);

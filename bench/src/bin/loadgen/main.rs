@@ -107,8 +107,9 @@ pub struct Config {
     /// INTAKE_BENCH_HA_PRIMARY_PORT (default the base + 55) its ports (deploy/ha.sh ha_port);
     /// INTAKE_BENCH_HA_SHARED_BUFFERS each node's `shared_buffers` (default: the single node's);
     /// INTAKE_BENCH_HA_ASYNC=0 leaves out the runs on the layout with asynchronous replication;
-    /// INTAKE_BENCH_HA_DIRECT=1 has the layout's writers connect to the primary's own port
-    /// instead of HAProxy's, to see what the proxy costs (ha.rs).
+    /// INTAKE_BENCH_HA_VIA_HAPROXY=1 has the layout's writers connect through HAProxy, as the
+    /// gateways do, instead of to the nodes (following the primary, as deployed), to see what
+    /// the proxy costs (ha.rs).
     ha_dir: Option<PathBuf>,
     ha_base_port: u16,
     ha_primary_port: u16,
@@ -280,16 +281,25 @@ fn say(message: &str) {
 }
 
 async fn start_stack(gateways: usize, writers: usize) -> Stack {
-    start_stack_on(gateways, writers, None, "flushed").await
+    start_stack_on(gateways, writers, None, None, "flushed").await
 }
 
 /// A stack on a database other than DATABASE_URL's (the runs at size, the HA layout), its
-/// writers acknowledging as `ack_when` says (`INTAKE_WRITER_ACK_WHEN`): as deployed, `flushed`
-/// on a single node (deploy/up.sh), `replicated` on the HA layout (deploy/up.sh --ha).
-async fn start_stack_on(gateways: usize, writers: usize, database_url: Option<String>, ack_when: &str) -> Stack {
+/// writers on `writers_url` when given (the HA layout's nodes), acknowledging as `ack_when`
+/// says (`INTAKE_WRITER_ACK_WHEN`): as deployed, `flushed` on a single node (deploy/up.sh),
+/// `replicated` on the HA layout (deploy/up.sh --ha).
+async fn start_stack_on(
+    gateways: usize,
+    writers: usize,
+    database_url: Option<String>,
+    writers_url: Option<String>,
+    ack_when: &str,
+) -> Stack {
+    let mut writer_env = vec![("INTAKE_WRITER_ACK_WHEN".to_owned(), ack_when.to_owned())];
+    writer_env.extend(writers_url.map(|url| ("DATABASE_URL".to_owned(), url)));
     Stack::start_with(StackOptions {
         database_url,
-        writer_env: vec![("INTAKE_WRITER_ACK_WHEN".to_owned(), ack_when.to_owned())],
+        writer_env,
         // Limits out of the way: the benchmark measures the write path, not the limiter's refusals.
         requests_per_minute: 1_000_000_000,
         conversions_per_minute: 1_000_000_000,

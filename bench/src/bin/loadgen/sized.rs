@@ -444,7 +444,7 @@ pub async fn scenarios_at(
         |scenario: &str| -> &'static str { Box::leak(format!("{scenario}_{}{suffix}", label(size)).into_boxed_str()) };
     let tag = format!("{}{}", label(size), suffix.replace('_', ", "));
     let duration = Duration::from_secs(config.seconds);
-    let stack = start_stack_on(config.gateways, config.writers, Some(preloaded.url.clone()), "flushed").await;
+    let stack = start_stack_on(config.gateways, config.writers, Some(preloaded.url.clone()), None, "flushed").await;
     let roles = crate::roles_of(&stack, infrastructure);
     let plans = Plans { keys: Arc::new(preloaded.keys.clone()) };
     crate::warm_up(&stack, &plans, config.warmup_seconds).await;

@@ -1,0 +1,280 @@
+//! The database's primary, among the nodes its URL names. `DATABASE_URL` names one address, or
+//! the nodes of an HA cluster in libpq's multi-host form
+//! (`postgres://user@node-1:5432,node-2:5432,node-3:5432/intake`). With several, the writer
+//! connects to whichever of them takes writes, as libpq's `target_session_attrs=read-write`
+//! does, and follows it through a failover: every round trip of a write then goes straight to
+//! the primary instead of through a proxy's relay (docs/architecture.md, "The primary's
+//! address").
+//!
+//! sqlx connects to one host, so the following is ours: a check of the node in use every
+//! [`CHECK_EVERY`] (and at once when a new connection met a standby), a search of every node
+//! when it is not the primary, and the pools' connect options pointed at the one found. The
+//! pools' connections to the old node fail (a demotion restarts it) and are replaced on the new.
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::Connection;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// How often the node in use is asked whether it is still the primary: a failover is followed
+/// within about this, as HAProxy's checks of the HA layout follow it.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// A node that does not answer a check within this is taken for away.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One node the URL names: its `host:port`, and the options that reach it.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub address: String,
+    pub options: PgConnectOptions,
+}
+
+/// The nodes `url` names, in its order: one for an ordinary URL, several for libpq's multi-host
+/// form. Its `target_session_attrs` is dropped: the writer always needs the primary.
+pub fn nodes(url: &str) -> Result<Vec<Node>, sqlx::Error> {
+    let config = |message: String| sqlx::Error::Configuration(message.into());
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(vec![Node { address: String::new(), options: PgConnectOptions::from_str(url)? }]);
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let tail = without_session_attrs(tail);
+    let nodes = hosts
+        .split(',')
+        .map(|host| {
+            if host.is_empty() {
+                return Err(config(format!("an empty host in the database URL's host list {hosts:?}")));
+            }
+            let options = PgConnectOptions::from_str(&format!("{scheme}://{user}{host}{tail}"))?;
+            Ok(Node { address: host.to_owned(), options })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(nodes)
+}
+
+/// `tail` (the URL's path and query) without its `target_session_attrs` parameter, which sqlx
+/// does not know.
+fn without_session_attrs(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else { return tail.to_owned() };
+    let kept: Vec<&str> = query.split('&').filter(|pair| !pair.starts_with("target_session_attrs=")).collect();
+    if kept.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    }
+}
+
+/// How a pool's options are made from a node's (its timeouts and settings).
+type Shape = Box<dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync>;
+
+/// The nodes of the database, the one in use, and the pools that follow it.
+pub struct Primary {
+    nodes: Vec<Node>,
+    current: AtomicUsize,
+    pools: Mutex<Vec<(PgPool, Shape)>>,
+    suspect: Notify,
+}
+
+impl Primary {
+    /// The nodes of `url`, the first in use until [`Primary::follow_changes`] finds otherwise.
+    pub fn new(url: &str) -> Result<Arc<Primary>, sqlx::Error> {
+        Ok(Arc::new(Primary {
+            nodes: nodes(url)?,
+            current: AtomicUsize::new(0),
+            pools: Mutex::default(),
+            suspect: Notify::new(),
+        }))
+    }
+
+    /// The options of the node in use.
+    pub fn options(&self) -> PgConnectOptions {
+        self.nodes[self.current.load(Ordering::Relaxed)].options.clone()
+    }
+
+    /// Whether the URL named several nodes, among which the primary is followed.
+    pub fn is_several(&self) -> bool {
+        self.nodes.len() > 1
+    }
+
+    /// Points `pool` at the node in use from now on, its options made by `shape`.
+    pub fn follow(&self, pool: &PgPool, shape: impl Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync + 'static) {
+        pool.set_connect_options(shape(self.options()));
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).push((pool.clone(), Box::new(shape)));
+    }
+
+    /// A new connection met a node in recovery: the node in use is checked at once.
+    pub fn suspect(&self) {
+        self.suspect.notify_one();
+    }
+
+    /// Until shutdown: checks that the node in use is the primary, and when it is not, finds the
+    /// one that is and points every pool at it. Returns at once for a single node.
+    pub async fn follow_changes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        if !self.is_several() {
+            return;
+        }
+        let mut check: Option<PgConnection> = None;
+        loop {
+            tokio::select! {
+                () = self.suspect.notified() => {}
+                () = tokio::time::sleep(CHECK_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+            let current = self.current.load(Ordering::Relaxed);
+            if takes_writes(&mut check, &self.nodes[current].options).await {
+                continue;
+            }
+            check = None;
+            if let Some(found) = self.find().await {
+                self.point_at(current, found);
+            }
+        }
+    }
+
+    /// The first node that takes writes, all asked at once; none while none does (a failover
+    /// before the promotion).
+    async fn find(&self) -> Option<usize> {
+        let mut asked = tokio::task::JoinSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let options = node.options.clone();
+            asked.spawn(async move { (i, takes_writes(&mut None, &options).await) });
+        }
+        let mut writable = Vec::new();
+        while let Some(answer) = asked.join_next().await {
+            if let Ok((i, true)) = answer {
+                writable.push(i);
+            }
+        }
+        writable.sort_unstable();
+        if writable.len() > 1 {
+            let addresses: Vec<&str> = writable.iter().map(|&i| self.nodes[i].address.as_str()).collect();
+            tracing::warn!(
+                ?addresses,
+                "more than one node takes writes; using the first (the cluster manager demotes the others)"
+            );
+        }
+        writable.first().copied()
+    }
+
+    fn point_at(&self, from: usize, to: usize) {
+        if from == to {
+            return;
+        }
+        self.current.store(to, Ordering::Relaxed);
+        for (pool, shape) in self.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            pool.set_connect_options(shape(self.nodes[to].options.clone()));
+        }
+        tracing::warn!(from = %self.nodes[from].address, to = %self.nodes[to].address, "the primary moved; new connections go to it");
+    }
+}
+
+/// The primary's options among `url`'s nodes, for an operator command's pool: asked once. An
+/// error when no node takes writes.
+pub async fn resolve(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    let primary = Primary::new(url)?;
+    if !primary.is_several() {
+        return Ok(primary.options());
+    }
+    match primary.find().await {
+        Some(found) => Ok(primary.nodes[found].options.clone()),
+        None => Err(sqlx::Error::Configuration(
+            format!(
+                "no node of the database URL takes writes: {:?}",
+                primary.nodes.iter().map(|n| &n.address).collect::<Vec<_>>()
+            )
+            .into(),
+        )),
+    }
+}
+
+/// Whether the node of `options` answers, within [`CHECK_TIMEOUT`], that it is not in recovery;
+/// on `connection` when it is open, else on a new one left there.
+async fn takes_writes(connection: &mut Option<PgConnection>, options: &PgConnectOptions) -> bool {
+    let asked = async {
+        if connection.is_none() {
+            *connection = Some(PgConnection::connect_with(options).await?);
+        }
+        let open = connection.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+        sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(open).await
+    };
+    match tokio::time::timeout(CHECK_TIMEOUT, asked).await {
+        Ok(Ok(in_recovery)) => !in_recovery,
+        _ => {
+            *connection = None;
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn described(url: &str) -> Vec<(String, String, u16, String)> {
+        nodes(url)
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+            .into_iter()
+            .map(|n| {
+                let o = &n.options;
+                (n.address, o.get_host().to_owned(), o.get_port(), o.get_database().unwrap_or_default().to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_host_is_one_node() {
+        assert_eq!(
+            described("postgres://postgres@127.0.0.1:55432/intake"),
+            vec![("127.0.0.1:55432".into(), "127.0.0.1".into(), 55432, "intake".into())]
+        );
+    }
+
+    #[test]
+    fn a_host_list_is_a_node_each_with_the_same_user_database_and_parameters() {
+        let nodes = nodes("postgres://app:secret@10.0.0.1:5432,10.0.0.2:5433,db-3/intake?sslmode=disable&target_session_attrs=read-write")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let seen: Vec<(String, u16, &str, Option<&str>)> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.options.get_host().to_owned(),
+                    n.options.get_port(),
+                    n.options.get_username(),
+                    n.options.get_database(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                ("10.0.0.1".into(), 5432, "app", Some("intake")),
+                ("10.0.0.2".into(), 5433, "app", Some("intake")),
+                ("db-3".into(), 5432, "app", Some("intake")),
+            ]
+        );
+        assert_eq!(nodes[1].address, "10.0.0.2:5433");
+    }
+
+    #[test]
+    fn target_session_attrs_is_dropped_and_the_other_parameters_kept() {
+        assert_eq!(without_session_attrs("/intake?target_session_attrs=read-write"), "/intake");
+        assert_eq!(
+            without_session_attrs("/intake?sslmode=disable&target_session_attrs=primary&application_name=w"),
+            "/intake?sslmode=disable&application_name=w"
+        );
+        assert_eq!(without_session_attrs("/intake"), "/intake");
+    }
+
+    #[test]
+    fn an_empty_host_in_the_list_is_refused() {
+        assert!(nodes("postgres://u@a:1,,b:2/intake").is_err());
+    }
+}
