@@ -419,6 +419,21 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     );
     assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
     assert!(check.updated > 0, "the traffic updated rows: {check:?}");
+    // An operator command given the nodes finds the new primary among them by itself.
+    let created = stack
+        .writer_command()
+        .env("DATABASE_URL", layout.nodes_url())
+        .args(["workspace", "create", "--name", "After the failover", "--site", "after.example"])
+        .output()
+        .unwrap_or_else(|e| panic!("intake-writer workspace create: {e}"));
+    assert!(created.status.success(), "workspace create on the nodes: {}", String::from_utf8_lossy(&created.stderr));
+    let created: Value = intake_tests::serde_json::from_slice(&created.stdout).unwrap_or_else(|e| panic!("{e}"));
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM workspaces WHERE id = $1")
+        .bind(created["id"].as_str().unwrap_or_default())
+        .fetch_one(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stored, 1, "the workspace created on the nodes is on the primary: {created}");
     let metrics = stack.writer_metrics(0).await;
     let dead_lettered: Vec<&str> = metrics
         .0

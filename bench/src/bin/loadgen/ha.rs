@@ -289,6 +289,20 @@ async fn database_on(layout: &Layout, single_url: &str) -> anyhow::Result<Layout
     Ok(LayoutDatabase { url, db })
 }
 
+/// INTAKE_BENCH_HA_VIA_HAPROXY=1: the layout's writers behind HAProxy.
+fn via_haproxy() -> bool {
+    std::env::var("INTAKE_BENCH_HA_VIA_HAPROXY").as_deref() == Ok("1")
+}
+
+/// How the layout's writers reach the primary, for the report.
+pub fn writers_path() -> &'static str {
+    if via_haproxy() {
+        "the writers through HAProxy to the primary"
+    } else {
+        "the writers on the primary's own port, following it among the nodes (the gateways through HAProxy)"
+    }
+}
+
 /// `url`'s database on the layout's three nodes, in libpq's multi-host form (deploy/ha.sh
 /// ha_nodes_url).
 fn nodes_url(base: u16, url: &str) -> String {
@@ -326,10 +340,7 @@ async fn run_scenarios(
     // The writers on the nodes themselves, following the primary, as deploy/up.sh --ha runs
     // them; INTAKE_BENCH_HA_VIA_HAPROXY=1 puts them behind HAProxy, as the gateways are, for
     // what the proxy's relay of each round trip costs.
-    let writers_url = match std::env::var("INTAKE_BENCH_HA_VIA_HAPROXY").as_deref() {
-        Ok("1") => url.clone(),
-        _ => nodes_url(config.ha_base_port, url),
-    };
+    let writers_url = if via_haproxy() { url.clone() } else { nodes_url(config.ha_base_port, url) };
     let stack =
         crate::start_stack_on(config.gateways, config.writers, Some(url.clone()), Some(writers_url), ack_when).await;
     let keys: Vec<TestKey> = (0..config.workspaces).map(|_| stack.workspace()).collect();

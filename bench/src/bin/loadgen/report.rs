@@ -49,12 +49,14 @@ fn describe(name: &str, config: &Config) -> String {
         "pg_upsert" => "baseline: pgbench, INSERT … ON CONFLICT of generated rows into a copy of `conversions` (same columns and indexes, no foreign keys)".into(),
         "pg_upsert_v1" => "fixed yardstick: pg_upsert into a table of the shape `conversions` had before its indexes were made lean (nine indexes, identifiers and digests as text after the workspace id)".into(),
         on_async if on_async.ends_with("_ha_async") => format!(
-            "{}; on the HA layout with asynchronous replication: through HAProxy to the primary, each commit waiting for its disk alone",
-            describe(on_async.strip_suffix("_ha_async").unwrap_or(on_async), config)
+            "{}; on the HA layout with asynchronous replication: {}, each commit waiting for its disk alone",
+            describe(on_async.strip_suffix("_ha_async").unwrap_or(on_async), config),
+            crate::ha::writers_path()
         ),
         on_ha if on_ha.ends_with("_ha") => format!(
-            "{}; on the HA layout: through HAProxy to the primary, each commit waiting for the synchronous standby",
-            describe(on_ha.strip_suffix("_ha").unwrap_or(on_ha), config)
+            "{}; on the HA layout: {}, each commit waiting for the synchronous standby",
+            describe(on_ha.strip_suffix("_ha").unwrap_or(on_ha), config),
+            crate::ha::writers_path()
         ),
         sized => describe_sized(sized, config),
     }
