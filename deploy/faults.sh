@@ -133,7 +133,9 @@ cp "$BIN/intake-gateway" "$BIN/intake-writer" "$SCRATCH/bin/"
 chmod -R a+rx "$SCRATCH/bin"
 
 ha_env=()
-[ -n "$ha" ] && ha_env=(FAULTS_HA_DIR="$SCRATCH" FAULTS_HA_BASE_PORT="$HA_BASE")
+# The writers on the layout's nodes, following the primary, as deploy/up.sh --ha runs them.
+[ -n "$ha" ] && ha_env=(FAULTS_HA_DIR="$SCRATCH" FAULTS_HA_BASE_PORT="$HA_BASE"
+    FAULTS_WRITERS_DATABASE_URL="$(ha_nodes_url "$HA_BASE" intake_faults)")
 say "running the scenarios (${args[*]:-all})"
 env DATABASE_URL="$(database_url intake_faults)" INTAKE_KAFKA_BROKERS="$brokers" \
     INTAKE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT" INTAKE_BIN_DIR="$SCRATCH/bin" \

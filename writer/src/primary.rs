@@ -8,15 +8,16 @@
 //!
 //! sqlx connects to one host, so the following is ours: a check of the node in use every
 //! [`CHECK_EVERY`] (and at once when a new connection met a standby), a search of every node
-//! when it is not the primary, and the pools' connect options pointed at the one found. The
-//! pools' connections to the old node fail (a demotion restarts it) and are replaced on the new.
+//! when it is not the primary, and the pools' connect options pointed at the one found. Then
+//! the work in flight on the old node is abandoned ([`Moves`]) and the pools' connections to it
+//! are closed as they come up, as HAProxy cuts the sessions of a node it marks down.
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Connection;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
 /// How often the node in use is asked whether it is still the primary: a failover is followed
@@ -25,6 +26,13 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A node that does not answer a check within this is taken for away.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// After a failed check the node is asked again this soon, and after [`DOWN_AFTER`] failures
+/// in a row it is down: its work in flight is ended, as HAProxy (`fastinter 500ms fall 3`)
+/// marks a server down and cuts its sessions, so that writes wait as an outage, retried,
+/// rather than in statements that a node cut off never answers.
+const RECHECK_EVERY: Duration = Duration::from_millis(500);
+const DOWN_AFTER: u32 = 2;
 
 /// One node the URL names: its `host:port`, and the options that reach it.
 #[derive(Clone, Debug)]
@@ -81,6 +89,37 @@ pub struct Primary {
     current: AtomicUsize,
     pools: Mutex<Vec<(PgPool, Shape)>>,
     suspect: Notify,
+    /// How many times the primary moved, for the work in flight ([`Moves`]).
+    moves: watch::Sender<u64>,
+    /// When it last moved: a pooled connection opened before then is on the old node.
+    moved_at: Mutex<Option<Instant>>,
+}
+
+/// Ends the work in flight on the old node when the primary moves, as HAProxy's
+/// `on-marked-down shutdown-sessions` cuts its sessions: on a node cut off from the network a
+/// statement would wait until TCP gives up (many minutes), holding its lane and its workspace.
+/// The default never ends anything (a single node, the operator commands).
+#[derive(Clone, Default)]
+pub struct Moves(Option<watch::Receiver<u64>>);
+
+impl Moves {
+    /// `work`'s outcome, or an outage (retried on the new primary) if the primary moves first.
+    /// Abandoning it is as safe as a dropped connection: an answer needs the commit's
+    /// confirmation on the connection that made it.
+    pub async fn unless_moved<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        let Some(receiver) = &self.0 else { return work.await };
+        let mut receiver = receiver.clone();
+        receiver.mark_unchanged();
+        tokio::select! {
+            outcome = work => outcome,
+            Ok(()) = receiver.changed() => {
+                Err(sqlx::Error::Io(std::io::Error::other("the primary moved; the statement on the old node was abandoned")))
+            }
+        }
+    }
 }
 
 impl Primary {
@@ -91,7 +130,20 @@ impl Primary {
             current: AtomicUsize::new(0),
             pools: Mutex::default(),
             suspect: Notify::new(),
+            moves: watch::Sender::new(0),
+            moved_at: Mutex::default(),
         }))
+    }
+
+    /// What ends the work in flight when the primary moves (nothing, for a single node).
+    pub fn moves(&self) -> Moves {
+        Moves(self.is_several().then(|| self.moves.subscribe()))
+    }
+
+    /// Whether a pooled connection `age` old was opened before the primary last moved, and so
+    /// on the old node: it is closed, not used.
+    pub fn opened_before_move(&self, age: Duration) -> bool {
+        self.moved_at.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| age > at.elapsed())
     }
 
     /// The options of the node in use.
@@ -122,19 +174,31 @@ impl Primary {
             return;
         }
         let mut check: Option<PgConnection> = None;
+        let mut failures = 0u32;
         loop {
+            let next = if failures > 0 { RECHECK_EVERY } else { CHECK_EVERY };
             tokio::select! {
                 () = self.suspect.notified() => {}
-                () = tokio::time::sleep(CHECK_EVERY) => {}
+                () = tokio::time::sleep(next) => {}
                 _ = shutdown.changed() => return,
             }
             let current = self.current.load(Ordering::Relaxed);
             if takes_writes(&mut check, &self.nodes[current].options).await {
+                failures = 0;
                 continue;
             }
             check = None;
-            if let Some(found) = self.find().await {
-                self.point_at(current, found);
+            failures += 1;
+            match self.find().await {
+                Some(found) if found != current => {
+                    self.point_at(current, found);
+                    failures = 0;
+                }
+                _ if failures == DOWN_AFTER => {
+                    tracing::warn!(node = %self.nodes[current].address, "the primary does not answer; its work in flight is abandoned");
+                    self.end_work_in_flight();
+                }
+                _ => {}
             }
         }
     }
@@ -172,7 +236,17 @@ impl Primary {
         for (pool, shape) in self.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             pool.set_connect_options(shape(self.nodes[to].options.clone()));
         }
+        self.end_work_in_flight();
         tracing::warn!(from = %self.nodes[from].address, to = %self.nodes[to].address, "the primary moved; new connections go to it");
+    }
+}
+
+impl Primary {
+    /// Ends the transactions in flight ([`Moves`]) and has the pooled connections opened until
+    /// now closed as they come up ([`Primary::opened_before_move`]).
+    fn end_work_in_flight(&self) {
+        *self.moved_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.moves.send_modify(|moves| *moves += 1);
     }
 }
 
@@ -271,6 +345,34 @@ mod tests {
             "/intake?sslmode=disable&application_name=w"
         );
         assert_eq!(without_session_attrs("/intake"), "/intake");
+    }
+
+    #[tokio::test]
+    async fn work_in_flight_ends_as_an_outage_when_the_primary_moves() {
+        let primary = Primary::new("postgres://u@a:1,b:2/db").unwrap_or_else(|e| panic!("{e}"));
+        let moves = primary.moves();
+        let in_flight = moves.unless_moved(std::future::pending::<Result<(), sqlx::Error>>());
+        let mover = async {
+            tokio::task::yield_now().await;
+            primary.point_at(0, 1);
+        };
+        let (outcome, ()) = tokio::join!(in_flight, mover);
+        assert!(matches!(outcome, Err(sqlx::Error::Io(_))), "{outcome:?}");
+        assert_eq!(primary.options().get_host(), "b");
+        assert!(
+            primary.opened_before_move(Duration::from_secs(60)),
+            "a connection older than the move is on the old node"
+        );
+        assert!(!primary.opened_before_move(Duration::ZERO));
+        // Work that starts after the move is not ended by it.
+        assert!(primary.moves().unless_moved(async { Ok(1) }).await.is_ok_and(|n| n == 1));
+    }
+
+    #[tokio::test]
+    async fn a_single_node_never_abandons_work_or_connections() {
+        let primary = Primary::new("postgres://u@a:1/db").unwrap_or_else(|e| panic!("{e}"));
+        assert!(primary.moves().0.is_none());
+        assert!(!primary.opened_before_move(Duration::from_secs(60)));
     }
 
     #[test]

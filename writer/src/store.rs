@@ -9,7 +9,7 @@ use crate::durability::Durability;
 use crate::erase::Tombstones;
 use crate::lookups;
 use crate::plan::{self, Fields, Plan, StoredConversion};
-use crate::primary::Primary;
+use crate::primary::{Moves, Primary};
 use crate::retry::{Classify, Failure};
 use intake_common::config::now_us;
 use intake_model::conversion::Conversion;
@@ -103,7 +103,7 @@ pub fn connect_lazy(
     rehearsals: Rehearsals,
 ) -> PgPool {
     let options = with_timeouts(primary.options(), timeouts);
-    let follower = primary.clone();
+    let (follower, moved) = (primary.clone(), primary.clone());
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(5))
@@ -133,8 +133,11 @@ pub fn connect_lazy(
         // one idle for a while is asked (as HikariCP does), which is when the server may have
         // gone away meanwhile; one that fails later is an outage like any other, retried.
         .test_before_acquire(false)
-        .before_acquire(|connection, meta| {
-            Box::pin(async move { Ok(meta.idle_for < PING_WHEN_IDLE || connection.ping().await.is_ok()) })
+        .before_acquire(move |connection, meta| {
+            let on_old_node = moved.opened_before_move(meta.age);
+            Box::pin(async move {
+                Ok(!on_old_node && (meta.idle_for < PING_WHEN_IDLE || connection.ping().await.is_ok()))
+            })
         })
         .connect_lazy_with(options);
     primary.follow(&pool, move |node| with_timeouts(node, timeouts));
@@ -348,6 +351,8 @@ pub struct Database {
     pub durability: Durability,
     /// 1 while the database lacks migrations this build uses (`metrics.rs`).
     pub schema_behind: Gauge,
+    /// Ends a transaction in flight on a node that is no longer the primary.
+    pub moves: Moves,
 }
 
 impl Database {
@@ -359,6 +364,7 @@ impl Database {
             durability: Durability::new(node, durability, prometheus_client::metrics::counter::Counter::default()),
             pool,
             schema_behind: Gauge::default(),
+            moves: Moves::default(),
         }
     }
 
@@ -424,7 +430,7 @@ impl Database {
         if !fence() {
             return Ok(runs.iter().map(|_| Run::Superseded).collect());
         }
-        let outcome = self.apply_runs_on(&mut connection, runs, lock).await;
+        let outcome = self.moves.unless_moved(self.apply_runs_on(&mut connection, runs, lock)).await;
         close_if_unusable(&mut connection, &outcome);
         if outcome.is_ok() && self.schema_behind.get() > 0 {
             tracing::info!("the database has the migrations this version uses again; applying");
@@ -541,13 +547,15 @@ impl Database {
     /// own, committed and confirmed (`durability.rs`).
     async fn write_alone(&self, statement: QueryScalar<'_, Postgres, i32, PgArguments>) -> Result<(), sqlx::Error> {
         let mut connection = self.pool.acquire().await?;
-        let written = async {
-            let mut tx = connection.begin().await?;
-            let pid = statement.fetch_one(&mut *tx).await?;
-            self.durability.commit(tx, pid).await?;
-            self.durability.confirm(&mut connection).await
-        }
-        .await;
+        let written = self
+            .moves
+            .unless_moved(async {
+                let mut tx = connection.begin().await?;
+                let pid = statement.fetch_one(&mut *tx).await?;
+                self.durability.commit(tx, pid).await?;
+                self.durability.confirm(&mut connection).await
+            })
+            .await;
         close_if_unusable(&mut connection, &written);
         written
     }

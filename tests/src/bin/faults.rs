@@ -7,7 +7,8 @@
 //!
 //! Environment (set by faults.sh): INTAKE_BIN_DIR, DATABASE_URL, INTAKE_KAFKA_BROKERS,
 //! INTAKE_REDIS_URL, FAULTS_DIR (scratch), FAULTS_PG_DATA, FAULTS_REDIS_PORT, FAULTS_KAFKA_DIR,
-//! FAULTS_KAFKA_BASE_PORT, FAULTS_LIB (deploy/lib.sh), FAULTS_PARTITION_USER (optional).
+//! FAULTS_KAFKA_BASE_PORT, FAULTS_LIB (deploy/lib.sh), FAULTS_PARTITION_USER (optional),
+//! FAULTS_WRITERS_DATABASE_URL (optional: the writers' own, the HA layout's nodes).
 
 use intake_tests::serde_json::{json, Value};
 #[path = "faults/ha.rs"]
@@ -77,6 +78,10 @@ impl Process {
             }
             None => Command::new(&binary),
         };
+        // On the HA layout the writers reach the nodes themselves (deploy/faults.sh).
+        if let (Kind::Writer, Ok(url)) = (&self.kind, std::env::var("FAULTS_WRITERS_DATABASE_URL")) {
+            command.env("DATABASE_URL", url);
+        }
         command
             .args(&self.args)
             .stdin(Stdio::null())

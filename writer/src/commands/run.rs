@@ -107,7 +107,7 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     tokio::spawn(store::open_ready_connections(pool.clone()));
     tokio::spawn(ops::serve(tokio::net::TcpListener::bind(ops_listen).await?, health.clone()));
     let (stop, shutdown) = watch::channel(false);
-    tokio::spawn(primary.follow_changes(shutdown.clone()));
+    tokio::spawn(primary.clone().follow_changes(shutdown.clone()));
     let signalled = health.clone();
     tokio::spawn(async move {
         intake_common::service::shutdown_signal().await;
@@ -134,7 +134,8 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     };
     if wait_for_schema(&pool, &health, shutdown.clone()).await? {
         let schema_behind = health.metrics.schema_behind.clone();
-        consume::run(Database { pool, durability, schema_behind }, settings, health, shutdown).await?;
+        let moves = primary.moves();
+        consume::run(Database { pool, durability, schema_behind, moves }, settings, health, shutdown).await?;
     }
     Ok(json!({ "stopped": true }))
 }
