@@ -24,6 +24,19 @@ pub fn env(name: &str) -> String {
 /// The repository the tests run from. Taken at run time (cargo and nextest set the variable
 /// for every test) before the path compiled in: checkouts that share one target directory
 /// share its artifacts, and a test built in another checkout would use that checkout's files.
+/// The address of PostgreSQL node `n` (1 to 3) of an HA layout whose ports start at `base`
+/// (deploy/ha.sh ha_port).
+pub fn ha_node_address(base: u16, n: u16) -> String {
+    format!("127.0.0.1:{}", base + 19 + n)
+}
+
+/// `database` on the three nodes of that layout in libpq's multi-host form, the writers'
+/// `DATABASE_URL` as deploy/up.sh --ha gives it (deploy/ha.sh ha_nodes_url).
+pub fn ha_nodes_url(base: u16, database: &str) -> String {
+    let hosts: Vec<String> = (1..=3).map(|n| ha_node_address(base, n)).collect();
+    format!("postgres://postgres@{}/{database}", hosts.join(","))
+}
+
 pub fn repo() -> PathBuf {
     let tests = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
     PathBuf::from(tests).join("..")

@@ -101,8 +101,7 @@ impl HaLayout {
     /// The writers' address, as deploy/up.sh --ha gives it (deploy/ha.sh ha_nodes_url): the
     /// three nodes, among which a writer follows the primary itself.
     fn nodes_url(&self) -> String {
-        let hosts: Vec<String> = (1..=3).map(|n| format!("127.0.0.1:{}", self.base + 19 + n)).collect();
-        format!("postgres://postgres@{}/postgres", hosts.join(","))
+        intake_tests::ha_nodes_url(self.base, "postgres")
     }
 
     /// The writers' environment on the layout: its nodes, and `more`.
@@ -193,7 +192,7 @@ impl Drop for HaLayout {
 /// The address of node `name` (`node-N`) as the writers' URL names it.
 fn new_leader_address(layout: &HaLayout, name: &str) -> String {
     let n: u16 = name.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{name}: {e}"));
-    format!("127.0.0.1:{}", layout.base + 19 + n)
+    intake_tests::ha_node_address(layout.base, n)
 }
 
 /// A member of Patroni's /cluster: name, role, state.

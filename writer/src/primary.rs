@@ -95,7 +95,7 @@ pub struct Primary {
     moved_at: Mutex<Option<Instant>>,
 }
 
-/// Ends the work in flight on the old node when the primary moves, as HAProxy's
+/// Ends the work in flight on a node when the primary moves off it or it stops answering, as HAProxy's
 /// `on-marked-down shutdown-sessions` cuts its sessions: on a node cut off from the network a
 /// statement would wait until TCP gives up (many minutes), holding its lane and its workspace.
 /// The default never ends anything (a single node, the operator commands).
@@ -103,7 +103,7 @@ pub struct Primary {
 pub struct Moves(Option<watch::Receiver<u64>>);
 
 impl Moves {
-    /// `work`'s outcome, or an outage (retried on the new primary) if the primary moves first.
+    /// `work`'s outcome, or an outage (retried) if the primary moves or stops answering first.
     /// Abandoning it is as safe as a dropped connection: an answer needs the commit's
     /// confirmation on the connection that made it.
     pub async fn unless_moved<T>(
@@ -116,7 +116,7 @@ impl Moves {
         tokio::select! {
             outcome = work => outcome,
             Ok(()) = receiver.changed() => {
-                Err(sqlx::Error::Io(std::io::Error::other("the primary moved; the statement on the old node was abandoned")))
+                Err(sqlx::Error::Io(std::io::Error::other("the primary moved or stopped answering; the statement on its node was abandoned")))
             }
         }
     }

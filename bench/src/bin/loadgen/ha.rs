@@ -303,12 +303,9 @@ pub fn writers_path() -> &'static str {
     }
 }
 
-/// `url`'s database on the layout's three nodes, in libpq's multi-host form (deploy/ha.sh
-/// ha_nodes_url).
+/// `url`'s database on the layout's three nodes.
 fn nodes_url(base: u16, url: &str) -> String {
-    let database = url.rsplit_once('/').map_or("postgres", |(_, database)| database);
-    let hosts: Vec<String> = (1..=3).map(|n| format!("127.0.0.1:{}", base + 19 + n)).collect();
-    format!("postgres://postgres@{}/{database}", hosts.join(","))
+    intake_tests::ha_nodes_url(base, url.rsplit_once('/').map_or("postgres", |(_, database)| database))
 }
 
 /// What the scenarios on a layout measured, and where its servers are.
