@@ -444,6 +444,95 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     assert!(after.iter().any(|(_, role, _)| role == "sync_standby"), "synchronous replication resumed: {after:?}");
 }
 
+/// The primary's Patroni frozen, its PostgreSQL still up and taking writes (Patroni's watchdog
+/// off): another node is promoted once the leader key expires, and the writer, which asks the
+/// nodes themselves, leaves the old primary for the one on the later timeline, whose standby
+/// confirms its commits. Writes come back while the old primary still takes writes, and nothing
+/// acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_place() {
+    let layout = tokio::task::block_in_place(HaLayout::start);
+    layout.migrate();
+    let stack = Stack::start_with(StackOptions {
+        database_url: Some(layout.database_url()),
+        writer_env: layout.writer_env(&[]),
+        ..StackOptions::unlimited()
+    })
+    .await;
+    let keys = stack.workspaces_on_every_partition();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let leader = || async {
+        for node in 1..=3 {
+            let Ok(response) = http.get(layout.rest_url(node, "/cluster")).send().await else { continue };
+            if let Ok(cluster) = response.json::<Value>().await {
+                return members(&cluster).into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name);
+            }
+        }
+        None
+    };
+    let old = leader().await.unwrap_or_else(|| panic!("no leader"));
+    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
+    let traffic = Traffic::start(stack.client(), &keys);
+    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
+        .await;
+
+    let freeze = format!("kill -STOP -- \"-$(cat {}/run/ha-node-{old_node}.pid)\"", layout.dir.display());
+    layout.lib(&freeze).unwrap_or_else(|e| panic!("{e}"));
+    // Its standbys stream from it until their own Patroni follows the new leader: the writes
+    // to watch are those after the promotion.
+    wait_until("another node promoted", Duration::from_secs(45), || async {
+        leader().await.is_some_and(|leader| leader != old)
+    })
+    .await;
+    let promoted_at = Instant::now();
+    traffic.wait_recovered(promoted_at, Duration::from_secs(30)).await;
+    let back = traffic.acknowledged();
+    wait_until("writes on the new primary", Duration::from_secs(30), || async {
+        traffic.acknowledged() >= back + keys.len() * 2
+    })
+    .await;
+    let sent = traffic.stop().await;
+    let new = leader().await.unwrap_or_default();
+    // Still frozen: the old node's PostgreSQL takes writes all along.
+    let old_address = intake_tests::ha_node_address(layout.base, old_node);
+    let old_url = format!("postgres://postgres@{old_address}/postgres");
+    let old_in_recovery: Option<bool> = match sqlx::postgres::PgPool::connect(&old_url).await {
+        Ok(old) => sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(&old).await.ok(),
+        Err(_) => None,
+    };
+
+    let first = first_success_after(&sent, keys.len(), promoted_at);
+    let report = FaultReport::of(&sent, keys.len(), promoted_at);
+    eprintln!(
+        "{old}'s Patroni frozen, {new} leading; first success per workspace after the promotion {:?} s; {} requests, {} acknowledged, {} failed",
+        first.iter().map(|d| d.map(|d| d.as_secs_f64())).collect::<Vec<_>>(),
+        sent.len(),
+        report.acknowledged,
+        report.failed,
+    );
+    assert_ne!(new, old, "another node leads");
+    assert_eq!(old_in_recovery, Some(false), "the old primary, its Patroni frozen, still takes writes");
+    for (workspace, first) in first.iter().enumerate() {
+        assert!(
+            first.is_some_and(|d| d <= Duration::from_secs(15)),
+            "workspace {workspace} had no success within 15 s of the promotion: {first:?} (writer logs {})",
+            stack.log_dir.display()
+        );
+    }
+    assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
+    let writer_log = std::fs::read_to_string(stack.log_dir.join("writer.log")).unwrap_or_default();
+    for said in ["more than one node takes writes", "the primary moved"] {
+        assert!(writer_log.contains(said), "the writer's log lacks {said:?} (writer logs {})", stack.log_dir.display());
+    }
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
+    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+}
+
 /// The HA layout's standbys, as (node, its PostgreSQL's port).
 fn standbys(layout: &HaLayout, cluster: &[(String, String, String)]) -> Vec<(u16, u16)> {
     cluster

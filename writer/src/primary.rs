@@ -6,11 +6,11 @@
 //! the primary instead of through a proxy's relay (docs/architecture.md, "The primary's
 //! address").
 //!
-//! sqlx connects to one host, so the following is ours: a check of the node in use every
-//! [`CHECK_EVERY`] (and at once when a new connection met a standby), a search of every node
-//! when it is not the primary, and the pools' connect options pointed at the one found. Then
-//! the work in flight on the old node is abandoned ([`Moves`]) and the pools' connections to it
-//! are closed as they come up, as HAProxy cuts the sessions of a node it marks down.
+//! sqlx connects to one host, so the following is ours: every node asked every [`CHECK_EVERY`]
+//! (and at once when a new connection met a standby) whether it takes writes and on which
+//! timeline, the primary chosen by [`choose`], and the pools' connect options pointed at it.
+//! Then the work in flight on the old node is abandoned ([`Moves`]) and the pools' connections
+//! to it are closed as they come up, as HAProxy cuts the sessions of a node it marks down.
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Connection;
@@ -20,15 +20,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
-/// How often the node in use is asked whether it is still the primary: a failover is followed
-/// within about this, as HAProxy's checks of the HA layout follow it.
+/// How often every node is asked whether it is the primary: a failover is followed within about
+/// this, as HAProxy's checks of the HA layout follow it.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A node that does not answer a check within this is taken for away.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// After a failed check the node is asked again this soon, and after [`DOWN_AFTER`] failures
-/// in a row it is down: its work in flight is ended, as HAProxy (`fastinter 500ms fall 3`)
+/// After a check that found no primary the nodes are asked again this soon, and after
+/// [`DOWN_AFTER`] such checks in a row the node in use is down: its work in flight is ended, as HAProxy (`fastinter 500ms fall 3`)
 /// marks a server down and cuts its sessions, so that writes wait as an outage, retried,
 /// rather than in statements that a node cut off never answers.
 const RECHECK_EVERY: Duration = Duration::from_millis(500);
@@ -167,14 +167,15 @@ impl Primary {
         self.suspect.notify_one();
     }
 
-    /// Until shutdown: checks that the node in use is the primary, and when it is not, finds the
-    /// one that is and points every pool at it. Returns at once for a single node.
+    /// Until shutdown: asks every node whether it is the primary, and when [`choose`] picks
+    /// another than the one in use, points every pool at it. Returns at once for a single node.
     pub async fn follow_changes(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         if !self.is_several() {
             return;
         }
-        let mut check: Option<PgConnection> = None;
+        let mut checks: Vec<Option<PgConnection>> = self.nodes.iter().map(|_| None).collect();
         let mut failures = 0u32;
+        let mut several_writable = false;
         loop {
             let next = if failures > 0 { RECHECK_EVERY } else { CHECK_EVERY };
             tokio::select! {
@@ -183,49 +184,51 @@ impl Primary {
                 _ = shutdown.changed() => return,
             }
             let current = self.current.load(Ordering::Relaxed);
-            if takes_writes(&mut check, &self.nodes[current].options).await {
-                failures = 0;
-                continue;
+            let roles = self.ask_all(&mut checks).await;
+            let writable: Vec<String> = (self.nodes.iter().zip(&roles))
+                .filter_map(|(node, role)| match role {
+                    Role::Primary { timeline } => Some(format!("{} (timeline {timeline})", node.address)),
+                    _ => None,
+                })
+                .collect();
+            if writable.len() > 1 && !several_writable {
+                tracing::warn!(
+                    ?writable,
+                    "more than one node takes writes; using the latest timeline's (the others are primaries left behind by a promotion, their cluster manager frozen or gone)"
+                );
             }
-            check = None;
-            failures += 1;
-            match self.find().await {
-                Some(found) if found != current => {
-                    self.point_at(current, found);
+            several_writable = writable.len() > 1;
+            match choose(current, &roles) {
+                Some(found) => {
                     failures = 0;
+                    self.point_at(current, found);
                 }
-                _ if failures == DOWN_AFTER => {
-                    tracing::warn!(node = %self.nodes[current].address, "the primary does not answer; its work in flight is abandoned");
-                    self.end_work_in_flight();
+                None => {
+                    failures += 1;
+                    if failures == DOWN_AFTER {
+                        tracing::warn!(node = %self.nodes[current].address, "no node takes writes; the work in flight on the primary is abandoned");
+                        self.end_work_in_flight();
+                    }
                 }
-                _ => {}
             }
         }
     }
 
-    /// The first node that takes writes, all asked at once; none while none does (a failover
-    /// before the promotion).
-    async fn find(&self) -> Option<usize> {
+    /// Every node's role, all asked at once, each on its connection in `checks` (opened when
+    /// missing, dropped when the node does not answer).
+    async fn ask_all(&self, checks: &mut [Option<PgConnection>]) -> Vec<Role> {
         let mut asked = tokio::task::JoinSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            let options = node.options.clone();
-            asked.spawn(async move { (i, takes_writes(&mut None, &options).await) });
+            let (mut check, options) = (checks[i].take(), node.options.clone());
+            asked.spawn(async move { (i, role(&mut check, &options).await, check) });
         }
-        let mut writable = Vec::new();
+        let mut roles = vec![Role::Away; self.nodes.len()];
         while let Some(answer) = asked.join_next().await {
-            if let Ok((i, true)) = answer {
-                writable.push(i);
+            if let Ok((i, role, check)) = answer {
+                (roles[i], checks[i]) = (role, check);
             }
         }
-        writable.sort_unstable();
-        if writable.len() > 1 {
-            let addresses: Vec<&str> = writable.iter().map(|&i| self.nodes[i].address.as_str()).collect();
-            tracing::warn!(
-                ?addresses,
-                "more than one node takes writes; using the first (the cluster manager demotes the others)"
-            );
-        }
-        writable.first().copied()
+        roles
     }
 
     fn point_at(&self, from: usize, to: usize) {
@@ -257,7 +260,8 @@ pub async fn resolve(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     if !primary.is_several() {
         return Ok(primary.options());
     }
-    match primary.find().await {
+    let mut checks: Vec<Option<PgConnection>> = primary.nodes.iter().map(|_| None).collect();
+    match choose(0, &primary.ask_all(&mut checks).await) {
         Some(found) => Ok(primary.nodes[found].options.clone()),
         None => Err(sqlx::Error::Configuration(
             format!(
@@ -269,21 +273,59 @@ pub async fn resolve(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     }
 }
 
-/// Whether the node of `options` answers, within [`CHECK_TIMEOUT`], that it is not in recovery;
-/// on `connection` when it is open, else on a new one left there.
-async fn takes_writes(connection: &mut Option<PgConnection>, options: &PgConnectOptions) -> bool {
+/// What a node answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// No answer within [`CHECK_TIMEOUT`].
+    Away,
+    /// In recovery: a standby, or a demoted primary.
+    Standby,
+    /// Takes writes, on this timeline.
+    Primary { timeline: u32 },
+}
+
+/// The node to use: the one that takes writes on the latest timeline, and on a tie the one in
+/// use; none while none takes writes (a failover before the promotion). PostgreSQL alone says
+/// which: each promotion starts a timeline after every earlier one, so an old primary that
+/// still takes writes because its cluster manager is frozen or dead (Patroni's watchdog off),
+/// whose standbys have gone to the new primary and whose commits no standby confirms, loses to
+/// the node promoted in its place.
+fn choose(current: usize, roles: &[Role]) -> Option<usize> {
+    let timeline = |i: usize| match roles.get(i) {
+        Some(Role::Primary { timeline }) => Some(*timeline),
+        _ => None,
+    };
+    let latest = (0..roles.len()).filter_map(timeline).max()?;
+    if timeline(current) == Some(latest) {
+        return Some(current);
+    }
+    (0..roles.len()).find(|&i| timeline(i) == Some(latest))
+}
+
+/// A primary's timeline from its current WAL file's name (its first eight hex digits), which
+/// carries a promotion's new timeline at once (`pg_control_checkpoint()` only after the next
+/// checkpoint); null on a server in recovery, where `pg_current_wal_lsn()` fails.
+const ROLE: &str = "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END";
+
+/// The role of the node of `options`, asked on `connection` when it is open, else on a new one
+/// left there.
+async fn role(connection: &mut Option<PgConnection>, options: &PgConnectOptions) -> Role {
     let asked = async {
         if connection.is_none() {
             *connection = Some(PgConnection::connect_with(options).await?);
         }
         let open = connection.as_mut().ok_or(sqlx::Error::PoolClosed)?;
-        sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(open).await
+        sqlx::query_scalar::<_, Option<String>>(ROLE).fetch_one(open).await
     };
     match tokio::time::timeout(CHECK_TIMEOUT, asked).await {
-        Ok(Ok(in_recovery)) => !in_recovery,
+        Ok(Ok(None)) => Role::Standby,
+        Ok(Ok(Some(walfile))) => match walfile.get(..8).and_then(|tli| u32::from_str_radix(tli, 16).ok()) {
+            Some(timeline) => Role::Primary { timeline },
+            None => Role::Away,
+        },
         _ => {
             *connection = None;
-            false
+            Role::Away
         }
     }
 }
@@ -373,6 +415,25 @@ mod tests {
         let primary = Primary::new("postgres://u@a:1/db").unwrap_or_else(|e| panic!("{e}"));
         assert!(primary.moves().0.is_none());
         assert!(!primary.opened_before_move(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn the_primary_is_the_writable_node_on_the_latest_timeline_and_on_a_tie_the_one_in_use() {
+        use Role::{Away, Primary, Standby};
+        let p = |timeline| Primary { timeline };
+        // The node in use stays while it takes writes and no later timeline does.
+        assert_eq!(choose(0, &[p(3), Standby, Standby]), Some(0));
+        assert_eq!(choose(1, &[Standby, p(3), Away]), Some(1));
+        // A standby promoted beside an old primary still writable (its Patroni frozen or dead).
+        assert_eq!(choose(0, &[p(3), p(4), Standby]), Some(1));
+        assert_eq!(choose(2, &[p(5), Away, p(4)]), Some(0));
+        // Two on one timeline: the one in use, else the first listed.
+        assert_eq!(choose(2, &[p(4), Standby, p(4)]), Some(2));
+        assert_eq!(choose(1, &[p(4), Away, p(4)]), Some(0));
+        // The primary away or demoted: another takes writes, or none does yet.
+        assert_eq!(choose(0, &[Away, Standby, p(2)]), Some(2));
+        assert_eq!(choose(0, &[Standby, Standby, Away]), None);
+        assert_eq!(choose(0, &[Away, Away, Away]), None);
     }
 
     #[test]
