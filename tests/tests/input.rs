@@ -2,7 +2,7 @@
 //! email, phone and address never reach Kafka, PostgreSQL or a log line.
 
 use intake_tests::serde_json::{json, Value};
-use intake_tests::{conversion, database, raw_http, topic_contents, Stack};
+use intake_tests::{conversion, database, raw_http, topic_contents, OwnDatabase, Stack, StackOptions};
 use reqwest::Method;
 
 #[tokio::test]
@@ -188,7 +188,10 @@ fn flate2_encoder() -> flate2::write::GzEncoder<Vec<u8>> {
 
 #[tokio::test]
 async fn raw_email_phone_and_address_reach_no_topic_table_or_log() {
-    let stack = Stack::start().await;
+    // A database of its own: the dump below reads every table whole, and the shared database
+    // holds the whole suite's rows.
+    let own = OwnDatabase::create("pii").await;
+    let stack = Stack::start_with(StackOptions { database_url: Some(own.url.clone()), ..Default::default() }).await;
     let key = stack.workspace();
     let marker = format!("pii{}", ulid::Ulid::new().to_string().to_lowercase());
     let digits = &format!("{:07}", intake_tests::now_ms() % 10_000_000)[..7];
@@ -207,10 +210,7 @@ async fn raw_email_phone_and_address_reach_no_topic_table_or_log() {
     assert_eq!(reply.status, 200);
     let raw_phone_digits = format!("415{digits}");
 
-    let dump = std::process::Command::new("pg_dump")
-        .arg(intake_tests::env("DATABASE_URL"))
-        .output()
-        .unwrap_or_else(|e| panic!("pg_dump: {e}"));
+    let dump = std::process::Command::new("pg_dump").arg(&own.url).output().unwrap_or_else(|e| panic!("pg_dump: {e}"));
     assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
     let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
     assert!(dump.contains(&key.workspace_id), "the dump holds this test's data");
