@@ -168,7 +168,12 @@ ha_write_configs() {
         if [ "$HA_BACKUPS" = 1 ]; then
             archive_mode=on
             archive_command="pgbackrest --config=$node/pgbackrest.conf --stanza=$HA_SCOPE archive-push %p"
-            restore_command="pgbackrest --config=$node/pgbackrest.conf --stanza=$HA_SCOPE archive-get %f %p"
+            # Segments only: a standby learns a new timeline's history from its primary when it
+            # streams. A former primary's crash recovery that found the new timeline's history in
+            # the archive would replay its own WAL past the fork onto that timeline, and Patroni,
+            # which checks for divergence once PostgreSQL runs, would see it on the leader's timeline
+            # and never rewind it: it would wait for ever on "record with incorrect prev-link".
+            restore_command="case %f in *.history) exit 1;; esac; pgbackrest --config=$node/pgbackrest.conf --stanza=$HA_SCOPE archive-get %f %p"
             mkdir -p "$node/backrest/spool" "$node/backrest/log" "$node/backrest/lock"
             ha_render "$HA_TEMPLATES/pgbackrest-node.conf" "$node/pgbackrest.conf" HA="$HA" NODE_DIR="$node" \
                 REPO_PORT="$(ha_port "$BASE" backup-repo)" NODE_BACKREST_PORT="$(ha_port "$BASE" backup "$n")" \
@@ -352,15 +357,26 @@ ha_pgbackrest_repo() {
 
 # The stanza, a check that the primary's WAL reaches the archive, and a first full backup.
 ha_backup_setup() {
-    ha_pgbackrest_repo stanza-create --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 \
-        || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
-    ha_pgbackrest_repo check --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 \
+    ha_pgbackrest_settled stanza-create || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
+    ha_pgbackrest_settled check \
         || { say "pgbackrest check failed: WAL does not reach the repository"; tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
     if ! ha_pgbackrest_repo info --output=json 2>/dev/null | grep -q '"label"'; then
         say "taking the first full backup (pgBackRest, repository $HA/backup)"
-        ha_pgbackrest_repo backup --type=full --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 \
-            || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
+        ha_pgbackrest_settled backup --type=full || { tail -n 20 "$LOGS/ha-backup.log" >&2; return 1; }
     fi
+}
+
+# ha_pgbackrest_settled COMMAND [ARGS]: the repository's pgBackRest command, asked again for up
+# to a minute while it finds more than one primary (its error 056): a former primary back from a
+# network cut still runs as one until its Patroni, reaching etcd again, demotes it.
+ha_pgbackrest_settled() {
+    local _
+    for _ in $(seq 60); do
+        ha_pgbackrest_repo "$@" --log-level-console=warn >>"$LOGS/ha-backup.log" 2>&1 && return 0
+        tail -n 5 "$LOGS/ha-backup.log" | grep -q 'ERROR: \[056\]' || return 1
+        sleep 1
+    done
+    return 1
 }
 
 # start_ha_cluster DIR BASE_PORT PRIMARY_PORT: starts what is down of the layout at DIR and
