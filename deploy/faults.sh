@@ -57,6 +57,7 @@ elif [ "${1:-}" = --long-outage ]; then
     args=("${@:2}")
 elif [ "${1:-}" = --short ]; then
     args=(--scenarios=writer_kill,broker_leader_kill,postgres_stop --outage-s=4 --self-check)
+    kafka_for_a_test
 fi
 
 cleanup() {

@@ -1162,7 +1162,7 @@ impl KafkaCluster {
         let (dir, base) = (self.dir.display(), self.base_port);
         let script = format!(
             "source {} && RUN={dir}/run LOGS={dir}/logs && mkdir -p $RUN $LOGS \
-             && kafka_node kafka-1 1 {base} {} standalone {dir}/kafka-1 && echo 127.0.0.1:{base}",
+             && kafka_for_a_test && kafka_node kafka-1 1 {base} {} standalone {dir}/kafka-1 && echo 127.0.0.1:{base}",
             lib.display(),
             base + 10
         );
