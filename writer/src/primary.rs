@@ -176,6 +176,8 @@ impl Primary {
         let mut checks: Vec<Option<PgConnection>> = self.nodes.iter().map(|_| None).collect();
         let mut failures = 0u32;
         let mut several_writable = false;
+        // The timeline of the node in use when it last answered as the primary.
+        let mut in_use_timeline: Option<u32> = None;
         loop {
             let next = if failures > 0 { RECHECK_EVERY } else { CHECK_EVERY };
             tokio::select! {
@@ -184,7 +186,7 @@ impl Primary {
                 _ = shutdown.changed() => return,
             }
             let current = self.current.load(Ordering::Relaxed);
-            let roles = self.ask_all(&mut checks).await;
+            let roles = self.ask_all(&mut checks, in_use_timeline).await;
             let writable: Vec<String> = (self.nodes.iter().zip(&roles))
                 .filter_map(|(node, role)| match role {
                     Role::Primary { timeline } => Some(format!("{} (timeline {timeline})", node.address)),
@@ -201,6 +203,9 @@ impl Primary {
             match choose(current, &roles) {
                 Some(found) => {
                     failures = 0;
+                    if let Role::Primary { timeline } = roles[found] {
+                        in_use_timeline = Some(timeline);
+                    }
                     self.point_at(current, found);
                 }
                 None => {
@@ -215,8 +220,10 @@ impl Primary {
     }
 
     /// Every node's role, all asked at once, each on its connection in `checks` (opened when
-    /// missing, dropped when the node does not answer).
-    async fn ask_all(&self, checks: &mut [Option<PgConnection>]) -> Vec<Role> {
+    /// missing, dropped when the node does not answer). A node that takes writes on a timeline
+    /// after `newer_than` ends the asking at once: the nodes not heard from yet count as away,
+    /// rather than the new primary waiting out a node cut off ([`CHECK_TIMEOUT`]).
+    async fn ask_all(&self, checks: &mut [Option<PgConnection>], newer_than: Option<u32>) -> Vec<Role> {
         let mut asked = tokio::task::JoinSet::new();
         for (i, node) in self.nodes.iter().enumerate() {
             let (mut check, options) = (checks[i].take(), node.options.clone());
@@ -226,6 +233,9 @@ impl Primary {
         while let Some(answer) = asked.join_next().await {
             if let Ok((i, role, check)) = answer {
                 (roles[i], checks[i]) = (role, check);
+                if matches!((role, newer_than), (Role::Primary { timeline }, Some(old)) if timeline > old) {
+                    break;
+                }
             }
         }
         roles
@@ -261,7 +271,7 @@ pub async fn resolve(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
         return Ok(primary.options());
     }
     let mut checks: Vec<Option<PgConnection>> = primary.nodes.iter().map(|_| None).collect();
-    match choose(0, &primary.ask_all(&mut checks).await) {
+    match choose(0, &primary.ask_all(&mut checks, None).await) {
         Some(found) => Ok(primary.nodes[found].options.clone()),
         None => Err(sqlx::Error::Configuration(
             format!(
