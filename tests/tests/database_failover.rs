@@ -115,6 +115,29 @@ impl HaLayout {
         format!("http://127.0.0.1:{}{path}", self.base + 29 + node)
     }
 
+    /// A stack on the layout: its writers follow the primary among the nodes, with `writer_env`
+    /// besides; production's write timeout and stall rule, and no rate limit in the way.
+    async fn stack(&self, writer_env: &[(&str, &str)]) -> Stack {
+        Stack::start_with(StackOptions {
+            database_url: Some(self.database_url()),
+            writer_env: self.writer_env(writer_env),
+            ..StackOptions::unlimited()
+        })
+        .await
+    }
+
+    /// The members as Patroni's /cluster lists them, from the first node that answers (none if
+    /// none does).
+    async fn members(&self, http: &reqwest::Client) -> Vec<(String, String, String)> {
+        for node in 1..=3 {
+            let Ok(response) = http.get(self.rest_url(node, "/cluster")).send().await else { continue };
+            if let Ok(cluster) = response.json::<Value>().await {
+                return members(&cluster);
+            }
+        }
+        Vec::new()
+    }
+
     /// SIGKILL to every process of node `node` (1 to 3): Patroni, the postmaster, its children.
     fn kill_node(&self, node: u16) {
         self.lib(&format!("ha_node_signal {} {node} KILL", self.dir.display())).unwrap_or_else(|e| panic!("{e}"));
@@ -281,24 +304,10 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let layout = tokio::task::block_in_place(HaLayout::start);
     let layout_up = started.elapsed();
     layout.migrate();
-    // Production's write timeout and stall rule; no rate limit in the way of the traffic.
-    let stack = Stack::start_with(StackOptions {
-        database_url: Some(layout.database_url()),
-        writer_env: layout.writer_env(&[]),
-        ..StackOptions::unlimited()
-    })
-    .await;
+    let stack = layout.stack(&[]).await;
     let keys = stack.workspaces_on_every_partition();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
-    let cluster = || async {
-        for node in 1..=3 {
-            let Ok(response) = http.get(layout.rest_url(node, "/cluster")).send().await else { continue };
-            if let Ok(cluster) = response.json::<Value>().await {
-                return members(&cluster);
-            }
-        }
-        Vec::new()
-    };
+    let cluster = || layout.members(&http);
     let before = cluster().await;
     let old = before.iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name.clone());
     let old = old.unwrap_or_else(|| panic!("no leader: {before:?}"));
@@ -453,22 +462,11 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
 async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_place() {
     let layout = tokio::task::block_in_place(HaLayout::start);
     layout.migrate();
-    let stack = Stack::start_with(StackOptions {
-        database_url: Some(layout.database_url()),
-        writer_env: layout.writer_env(&[]),
-        ..StackOptions::unlimited()
-    })
-    .await;
+    let stack = layout.stack(&[]).await;
     let keys = stack.workspaces_on_every_partition();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
     let leader = || async {
-        for node in 1..=3 {
-            let Ok(response) = http.get(layout.rest_url(node, "/cluster")).send().await else { continue };
-            if let Ok(cluster) = response.json::<Value>().await {
-                return members(&cluster).into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name);
-            }
-        }
-        None
+        layout.members(&http).await.into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name)
     };
     let old = leader().await.unwrap_or_else(|| panic!("no leader"));
     let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
@@ -592,15 +590,12 @@ async fn no_answer_leaves_before_a_synchronous_standby_has_the_commit_however_it
     let layout = tokio::task::block_in_place(HaLayout::start);
     layout.migrate();
     let bound = Duration::from_millis(1_000);
-    let stack = Stack::start_with(StackOptions {
-        database_url: Some(layout.database_url()),
-        writer_env: layout.writer_env(&[
+    let stack = layout
+        .stack(&[
             ("INTAKE_WRITER_ACK_WHEN", "replicated"),
             ("INTAKE_WRITER_REPLICATION_WAIT_MS", &bound.as_millis().to_string()),
-        ]),
-        ..StackOptions::unlimited()
-    })
-    .await;
+        ])
+        .await;
     let key = stack.workspace();
     let first = stack.post("/v1/conversions", &key, &intake_tests::conversion("lead")).await;
     assert_eq!(first.status, 201, "{first:?}");
@@ -758,12 +753,7 @@ async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_ack
     let layout = tokio::task::block_in_place(|| HaLayout::start_with("async"));
     layout.migrate();
     // `auto`: no synchronous standby is named, so an answer waits for the primary's disk alone.
-    let stack = Stack::start_with(StackOptions {
-        database_url: Some(layout.database_url()),
-        writer_env: layout.writer_env(&[("INTAKE_LOG", "info,intake_writer::rewind=debug")]),
-        ..StackOptions::unlimited()
-    })
-    .await;
+    let stack = layout.stack(&[("INTAKE_LOG", "info,intake_writer::rewind=debug")]).await;
     let keys = stack.workspaces_on_every_partition();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
     let leader = || async {
