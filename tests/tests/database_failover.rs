@@ -212,6 +212,17 @@ impl Drop for HaLayout {
     }
 }
 
+/// Returns once every workspace had a write acknowledged after `at` (waited for up to
+/// `patience`), and two more each after that: writes on the new primary.
+async fn writing_again(traffic: &Traffic, workspaces: usize, at: Instant, patience: Duration) {
+    traffic.wait_recovered(at, patience).await;
+    let back = traffic.acknowledged();
+    wait_until("writes on the new primary", Duration::from_secs(30), || async {
+        traffic.acknowledged() >= back + workspaces * 2
+    })
+    .await;
+}
+
 /// The address of node `name` (`node-N`) as the writers' URL names it.
 fn new_leader_address(layout: &HaLayout, name: &str) -> String {
     let n: u16 = name.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -331,12 +342,7 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     };
     let key_expires = leader_key["node"]["expiration"].as_str().and_then(|at| seconds_after(killed_wall, at));
 
-    traffic.wait_recovered(killed_at, Duration::from_secs(45)).await;
-    let back = traffic.acknowledged();
-    wait_until("writes on the new primary", Duration::from_secs(30), || async {
-        traffic.acknowledged() >= back + keys.len() * 2
-    })
-    .await;
+    writing_again(&traffic, keys.len(), killed_at, Duration::from_secs(45)).await;
     watcher.abort();
     let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|p| p.into_inner()));
     // The promotion, as Patroni recorded it: the new timeline's start, once its history lists it.
@@ -483,12 +489,7 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
     })
     .await;
     let promoted_at = Instant::now();
-    traffic.wait_recovered(promoted_at, Duration::from_secs(30)).await;
-    let back = traffic.acknowledged();
-    wait_until("writes on the new primary", Duration::from_secs(30), || async {
-        traffic.acknowledged() >= back + keys.len() * 2
-    })
-    .await;
+    writing_again(&traffic, keys.len(), promoted_at, Duration::from_secs(30)).await;
     let sent = traffic.stop().await;
     let new = leader().await.unwrap_or_default();
     // Still frozen: the old node's PostgreSQL takes writes all along.
@@ -813,12 +814,7 @@ async fn an_asynchronous_standby_promoted_behind_the_lost_primary_gets_every_ack
     // The primary's machine is lost, and Patroni promotes a standby that lacks those writes.
     tokio::task::block_in_place(|| layout.kill_node(old_node));
     let killed_at = Instant::now();
-    traffic.wait_recovered(killed_at, Duration::from_secs(60)).await;
-    let back = traffic.acknowledged();
-    wait_until("writes on the new primary", Duration::from_secs(30), || async {
-        traffic.acknowledged() >= back + keys.len() * 2
-    })
-    .await;
+    writing_again(&traffic, keys.len(), killed_at, Duration::from_secs(60)).await;
     let sent = traffic.stop().await;
     let new = leader().await.unwrap_or_default();
     let report = FaultReport::of(&sent, keys.len(), killed_at);
