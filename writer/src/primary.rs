@@ -28,9 +28,9 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// After a check that found no primary the nodes are asked again this soon, and after
-/// [`DOWN_AFTER`] such checks in a row the node in use is down: its work in flight is ended, as HAProxy (`fastinter 500ms fall 3`)
-/// marks a server down and cuts its sessions, so that writes wait as an outage, retried,
-/// rather than in statements that a node cut off never answers.
+/// [`DOWN_AFTER`] such checks in a row the node in use is down: its work in flight is ended, as
+/// HAProxy (`fastinter 500ms fall 3`) marks a server down and cuts its sessions, so that writes
+/// wait as an outage, retried, rather than in statements that a node cut off never answers.
 const RECHECK_EVERY: Duration = Duration::from_millis(500);
 const DOWN_AFTER: u32 = 2;
 
@@ -187,19 +187,20 @@ impl Primary {
             }
             let current = self.current.load(Ordering::Relaxed);
             let roles = self.ask_all(&mut checks, in_use_timeline).await;
-            let writable: Vec<String> = (self.nodes.iter().zip(&roles))
-                .filter_map(|(node, role)| match role {
-                    Role::Primary { timeline } => Some(format!("{} (timeline {timeline})", node.address)),
-                    _ => None,
-                })
-                .collect();
-            if writable.len() > 1 && !several_writable {
+            let several = roles.iter().filter(|role| matches!(role, Role::Primary { .. })).count() > 1;
+            if several && !several_writable {
+                let writable: Vec<String> = (self.nodes.iter().zip(&roles))
+                    .filter_map(|(node, role)| match role {
+                        Role::Primary { timeline } => Some(format!("{} (timeline {timeline})", node.address)),
+                        _ => None,
+                    })
+                    .collect();
                 tracing::warn!(
                     ?writable,
                     "more than one node takes writes; using the latest timeline's (the others are primaries left behind by a promotion, their cluster manager frozen or gone)"
                 );
             }
-            several_writable = writable.len() > 1;
+            several_writable = several;
             match choose(current, &roles) {
                 Some(found) => {
                     failures = 0;
