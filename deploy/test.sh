@@ -16,16 +16,23 @@ if [ ! -x "$NEXTEST_VENV/bin/cargo-nextest" ]; then
 fi
 export PATH="$NEXTEST_VENV/bin:$PATH"
 
-# Lints first: a tree that is not formatted or not clippy-clean is red before any test runs.
-# Clippy compiles while the tools below download (network, not CPU), and is waited for before
-# the tests are built. On the release profile, like the build: its build scripts and proc macros
-# are then the build's own, compiled once.
+# Formatting first: a tree that is not formatted is red before anything is built.
 (cd "$REPO" && cargo fmt --all --check)
+
+# Every program of the workspace (the load generator and the fault harness too) and every test
+# program, on the profile the quick start runs, so that the test binaries share its artifacts;
+# compiled while the tools below download (network, not CPU). The list of test programs lets
+# nextest run them without cargo below, while clippy holds cargo's lock on the build folder.
+NEXTEST_META="$CARGO_TARGET_DIR/nextest-reuse"
+mkdir -p "$NEXTEST_META"
 started=$SECONDS
-(cd "$REPO" && cargo clippy --release --workspace --all-targets --quiet -- -D warnings \
-    && say "clippy: $((SECONDS - started)) s") &
-lints=$!
-trap 'kill "$lints" 2>/dev/null || true' EXIT
+(cd "$REPO" && cargo build --release --workspace --bins --quiet \
+    && cargo nextest list --cargo-profile release --cargo-quiet --workspace --list-type binaries-only \
+        --message-format json >"$NEXTEST_META/binaries.json" \
+    && cargo metadata --format-version 1 --no-deps >"$NEXTEST_META/cargo.json" \
+    && say "build: $((SECONDS - started)) s") &
+building=$!
+trap 'kill "$building" ${lints:-} 2>/dev/null || true' EXIT
 
 # Debian's packages the tests use (the HA layout's, iptables for the fault harness's cuts), once
 # here rather than by each test on a fresh machine, inside its time limit.
@@ -68,7 +75,7 @@ else
     fi
 fi
 
-wait "$lints" || { say "clippy found warnings (above): fix them before the tests run"; exit 1; }
+wait "$building" || { say "the build failed (above)"; exit 1; }
 
 create_database intake_test
 export DATABASE_URL="$(database_url intake_test)"
@@ -76,23 +83,32 @@ export DATABASE_URL="$(database_url intake_test)"
 for db in $(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -tAc "SELECT datname FROM pg_database WHERE datname LIKE 'intake_own_%'"); do
     psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
 done
-started=$SECONDS
-# Every program of the workspace (the load generator and the fault harness too) on the profile
-# the quick start runs; the test binaries below share its artifacts.
-(cd "$REPO" && cargo build --release --workspace --bins --quiet)
 # The suite's writers are in groups of their own: the quick start's group (intake-writer), which
 # --contract checks by default, may hold a writer of an earlier checkout on another database.
 INTAKE_WRITER_GROUP=intake-test-migrate "$BIN/intake-writer" migrate --contract >/dev/null
 export INTAKE_BIN_DIR="$BIN"
 
+# Clippy beside the suite, at the lowest CPU priority: its check of every dependency (most of its
+# two minutes of CPU) takes only what the tests leave idle, instead of running before them.
+# Its findings come at the end, and fail the run as a test does. On the release profile, like
+# the build: its build scripts and proc macros are then the build's own, compiled once.
 cd "$REPO"
+started=$SECONDS
+(nice -n 19 cargo clippy --release --workspace --all-targets --quiet -- -D warnings \
+    >"$NEXTEST_META/clippy.log" 2>&1 && say "clippy: $((SECONDS - started)) s") &
+lints=$!
+reuse=(--binaries-metadata "$NEXTEST_META/binaries.json" --cargo-metadata "$NEXTEST_META/cargo.json")
 status=0
-cargo nextest run --cargo-profile release --workspace --no-fail-fast --profile "$nextest_profile" "$@" || status=$?
-# Then the bounds on latency, alone (.config/nextest.toml, profile latency); a filter given on
-# the command line that selects none of them runs none.
-cargo nextest run --cargo-profile release --workspace --no-fail-fast --profile latency --no-tests=pass "$@" ||
-    status=$?
-say "build and tests: $((SECONDS - started)) s"
+cargo nextest run "${reuse[@]}" --no-fail-fast --profile "$nextest_profile" "$@" || status=$?
+say "tests: $((SECONDS - started)) s"
+if ! wait "$lints"; then
+    cat "$NEXTEST_META/clippy.log"
+    say "clippy found warnings (above)"
+    status=1
+fi
+# Then the bounds on latency, alone (.config/nextest.toml, profile latency), clippy done; a
+# filter given on the command line that selects none of them runs none.
+cargo nextest run "${reuse[@]}" --no-fail-fast --profile latency --no-tests=pass "$@" || status=$?
 if [ "$nextest_profile" = no-clients ]; then
     say "EXCLUDED by INTAKE_CLIENTS=skip: the client libraries' tests, binary(clients) (counted as skipped above)"
 fi
