@@ -536,6 +536,73 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
     assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
 }
 
+/// Only the primary's PostgreSQL crashes (its postmaster SIGKILLed), its Patroni alive: Patroni
+/// hands the leader key to the synchronous standby at once rather than recovering in place
+/// (`primary_start_timeout: 0`, deploy/ha/dcs.yml), the writers follow, and every workspace
+/// writes again within 15 s with nothing acknowledged lost: the design's bound (DESIGN.md,
+/// section 12) when Patroni lives. The crashed node then rejoins as a standby by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_s_postgresql_crashed_under_traffic_writes_again_within_15_s() {
+    let layout = tokio::task::block_in_place(HaLayout::start);
+    layout.migrate();
+    let stack = layout.stack(&[]).await;
+    let keys = stack.workspaces_on_every_partition();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let leader = || async {
+        layout.members(&http).await.into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name)
+    };
+    let old = leader().await.unwrap_or_else(|| panic!("no leader"));
+    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
+    let traffic = Traffic::start(stack.client(), &keys);
+    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
+        .await;
+
+    let crash = format!(
+        "postmaster=\"$(head -n 1 {}/ha/node-{old_node}/data/postmaster.pid)\" && kill -KILL \"$postmaster\"",
+        layout.dir.display()
+    );
+    layout.lib(&crash).unwrap_or_else(|e| panic!("{e}"));
+    let crashed_at = Instant::now();
+    writing_again(&traffic, keys.len(), crashed_at, Duration::from_secs(30)).await;
+    let sent = traffic.stop().await;
+    let now_leading = leader().await.unwrap_or_default();
+
+    let first = first_success_after(&sent, keys.len(), crashed_at);
+    let report = FaultReport::of(&sent, keys.len(), crashed_at);
+    eprintln!(
+        "{old}'s postmaster killed, {now_leading} leading after it; first success per workspace {:?} s; {} requests, {} acknowledged, {} failed, longest {:.1} s",
+        first.iter().map(|d| d.map(|d| d.as_secs_f64())).collect::<Vec<_>>(),
+        sent.len(),
+        report.acknowledged,
+        report.failed,
+        report.longest.as_secs_f64(),
+    );
+    for (workspace, first) in first.iter().enumerate() {
+        assert!(
+            first.is_some_and(|d| d <= Duration::from_secs(15)),
+            "workspace {workspace} had no success within 15 s of the crash: {first:?} (writer logs {}; the layout's {})",
+            stack.log_dir.display(),
+            layout.logs().display()
+        );
+    }
+    assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
+    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+    wait_until(&format!("{old} rejoining as a standby"), Duration::from_secs(60), || async {
+        layout.members(&http).await.iter().any(|(name, role, state)| {
+            *name == old
+                && (role == "replica" || role == "sync_standby")
+                && (state == "running" || state == "streaming")
+        })
+    })
+    .await;
+}
+
 /// The HA layout's standbys, as (node, its PostgreSQL's port).
 fn standbys(layout: &HaLayout, cluster: &[(String, String, String)]) -> Vec<(u16, u16)> {
     cluster
