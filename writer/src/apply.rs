@@ -17,7 +17,7 @@
 use crate::inbox::{record, Body, BoxFuture, Inbound, Partitions};
 use crate::metrics::Metrics;
 use crate::outbox::{DeadLetter, Outbox, Reply, Unanswerable};
-use crate::retry::{shutdown_asked, Interrupted, Policy, Stop};
+use crate::retry::{shutdown_asked, Interrupted, Policy, Probe, Stop};
 use crate::schedule::{Group, Scheduler, Taken};
 use crate::store::{Chunk, Commit, Database, Fence, Lock, Run, WorkspaceRun};
 use intake_common::config::now_us;
@@ -30,7 +30,7 @@ use tokio::sync::watch;
 /// What a worker asks of PostgreSQL: `store.rs` on the pool in the writer; a double in the
 /// tests, which thereby cover the worker's rules without a database (what the statements do is
 /// covered by the end-to-end tests).
-pub trait Store: Send + Sync {
+pub trait Store: Probe {
     /// Workspaces' runs of chunks in one transaction, each [`Run::Busy`] at once when its lock is
     /// held elsewhere; all [`Run::Superseded`] when `fence` says so once connected.
     fn apply_runs<'a>(
@@ -46,9 +46,6 @@ pub trait Store: Send + Sync {
         workspace_id: &'a str,
         parts: &'a [&'a RequestPart],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
-
-    /// Whether PostgreSQL takes writes at all (`retry::Failure::MaybeOutage`).
-    fn takes_writes(&self) -> BoxFuture<'_, bool>;
 
     /// An erasure read from the requests topic, applied unless the database has it; true when
     /// applied now.
@@ -72,10 +69,6 @@ impl Store for Database {
         Box::pin(self.mark_requests_failed(workspace_id, parts))
     }
 
-    fn takes_writes(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move { !self.schema_is_behind().await && self.probe_writes().await.is_ok() })
-    }
-
     fn apply_erasure<'a>(&'a self, erasure: &'a ErasureV1) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
             // A database error keeps its class (an outage is waited out); any other is the
@@ -84,6 +77,16 @@ impl Store for Database {
                 error.downcast::<sqlx::Error>().unwrap_or_else(|other| sqlx::Error::Decode(other.into()))
             })
         })
+    }
+}
+
+impl Probe for Database {
+    fn takes_writes(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move { !self.schema_is_behind().await && self.probe_writes().await.is_ok() })
+    }
+
+    fn moved(&self) -> BoxFuture<'static, ()> {
+        Box::pin(self.moves.next_move())
     }
 }
 
@@ -278,7 +281,7 @@ impl Worker {
                 None,
                 abort,
                 || self.store.apply_runs(&runs, &fence),
-                || self.store.takes_writes(),
+                self.store.as_ref(),
             )
             .await;
         let outcomes = match applied {
@@ -436,7 +439,7 @@ impl Worker {
                 None,
                 shutdown,
                 || self.store.apply_runs(&runs, fence),
-                || self.store.takes_writes(),
+                self.store.as_ref(),
             )
             .await
             .map(only);
@@ -487,7 +490,7 @@ impl Worker {
             None,
             shutdown,
             || self.store.apply_runs(&runs, fence),
-            || self.store.takes_writes(),
+            self.store.as_ref(),
         );
         match applying.await.map(only) {
             Ok(Run::Done(mut chunks)) => Ok(chunks.pop().map(answer)),
@@ -782,14 +785,20 @@ pub mod testing {
             Box::pin(std::future::ready(Ok(())))
         }
 
-        fn takes_writes(&self) -> BoxFuture<'_, bool> {
-            Box::pin(std::future::ready(true))
-        }
-
         /// An erasure is a run of its own, named `erase:<kind>`.
         fn apply_erasure<'a>(&'a self, erasure: &'a ErasureV1) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
             self.runs.lock().unwrap_or_else(|e| e.into_inner()).push(vec![format!("erase:{}", erasure.kind)]);
             Box::pin(std::future::ready(Ok(true)))
+        }
+    }
+
+    impl Probe for MemoryStore {
+        fn takes_writes(&self) -> BoxFuture<'_, bool> {
+            Box::pin(std::future::ready(true))
+        }
+
+        fn moved(&self) -> BoxFuture<'static, ()> {
+            Box::pin(std::future::pending())
         }
     }
 

@@ -103,6 +103,25 @@ pub struct Primary {
 pub struct Moves(Option<watch::Receiver<u64>>);
 
 impl Moves {
+    /// Resolves once the primary moves (or stops answering) after this call, never for a single
+    /// node: what waits out an outage on the old node tries again at once.
+    pub fn next_move(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let receiver = self.0.clone().map(|mut receiver| {
+            receiver.mark_unchanged();
+            receiver
+        });
+        async move {
+            // The sender lives as long as the writer: an error is its end, never a move.
+            let moved = match receiver {
+                Some(mut receiver) => receiver.changed().await.is_ok(),
+                None => false,
+            };
+            if !moved {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// `work`'s outcome, or an outage (retried) if the primary moves or stops answering first.
     /// Abandoning it is as safe as a dropped connection: an answer needs the commit's
     /// confirmation on the connection that made it.

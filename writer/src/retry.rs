@@ -4,6 +4,7 @@
 //! partition that does not exist, a statement that always times out), retried a bounded number of
 //! times and then given up on, so that no single message can stop a writer.
 
+use crate::inbox::BoxFuture;
 use crate::metrics::Metrics;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::fmt::Display;
@@ -119,6 +120,31 @@ pub struct Policy {
     pub max_backoff: Duration,
 }
 
+/// What a retried database operation asks of the database besides the operation itself.
+pub trait Probe: Send + Sync {
+    /// Whether PostgreSQL takes writes at all: a [`Failure::MaybeOutage`] is the operation's own
+    /// failure when it does, an outage when it does not.
+    fn takes_writes(&self) -> BoxFuture<'_, bool>;
+
+    /// Resolves once the primary moves after this call (`primary::Moves::next_move`): a retry
+    /// waiting out an outage on the old node goes to the new one at once, rather than after a
+    /// backoff grown meanwhile.
+    fn moved(&self) -> BoxFuture<'static, ()>;
+}
+
+/// For what is not a database operation: nothing is probed, nothing moves.
+struct Unprobed;
+
+impl Probe for Unprobed {
+    fn takes_writes(&self) -> BoxFuture<'_, bool> {
+        Box::pin(std::future::ready(false))
+    }
+
+    fn moved(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
+}
+
 impl Policy {
     /// Runs `operation` until it succeeds, retrying outages with backoff (until `until`, if
     /// given: e.g. a reply nobody waits for after its deadline) and permanent failures up to
@@ -138,31 +164,31 @@ impl Policy {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_probed(what, metrics, until, shutdown, operation, || std::future::ready(false)).await
+        self.run_probed(what, metrics, until, shutdown, operation, &Unprobed).await
     }
 
-    /// [`Policy::run`], with `takes_writes` asked whether a [`Failure::MaybeOutage`] is an
-    /// outage (it answers false) or the operation's own failure (true).
-    pub async fn run_probed<T, E, F, Fut, P, PFut>(
+    /// [`Policy::run`] of a database operation: `database` says whether a
+    /// [`Failure::MaybeOutage`] is an outage, and ends a pause between attempts when the primary
+    /// moves ([`Probe`]).
+    pub async fn run_probed<T, E, F, Fut>(
         &self,
         what: &'static str,
         metrics: &Metrics,
         until: Option<Instant>,
         shutdown: &mut watch::Receiver<bool>,
         mut operation: F,
-        takes_writes: P,
+        database: &dyn Probe,
     ) -> Result<T, Stop<E>>
     where
         E: Classify,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        P: Fn() -> PFut,
-        PFut: Future<Output = bool>,
     {
         let (mut attempts, mut permanent) = (0u32, 0u32);
         let mut backoff = self.first_backoff;
         loop {
             attempts += 1;
+            let next_move = database.moved();
             let outcome = tokio::select! {
                 outcome = operation() => outcome,
                 () = shutdown_asked(shutdown) => return Err(Stop::Interrupted),
@@ -172,7 +198,7 @@ impl Policy {
                 Err(error) => error,
             };
             let failure = match error.failure() {
-                Failure::MaybeOutage if takes_writes().await => Failure::Permanent,
+                Failure::MaybeOutage if database.takes_writes().await => Failure::Permanent,
                 Failure::MaybeOutage => Failure::Outage,
                 other => other,
             };
@@ -194,8 +220,13 @@ impl Policy {
                     }
                 }
             }
-            pause(backoff, shutdown).await.map_err(|Interrupted| Stop::Interrupted)?;
-            backoff = (backoff * 2).min(self.max_backoff);
+            tokio::select! {
+                paused = pause(backoff, shutdown) => {
+                    paused.map_err(|Interrupted| Stop::Interrupted)?;
+                    backoff = (backoff * 2).min(self.max_backoff);
+                }
+                () = next_move => backoff = self.first_backoff,
+            }
         }
     }
 }
@@ -263,7 +294,7 @@ mod tests {
         let metrics = Metrics::new();
         let (_stop, mut shutdown) = watch::channel(false);
         let failures = std::sync::Mutex::new(failures.into_iter());
-        let probes = std::sync::atomic::AtomicUsize::new(0);
+        let (_moves, probe) = Database::new();
         let outcome = ONCE
             .run_probed(
                 "test",
@@ -274,14 +305,39 @@ mod tests {
                     let next = failures.lock().unwrap_or_else(|p| p.into_inner()).next();
                     std::future::ready(next.map_or(Ok(()), |failure| Err(Failing(failure))))
                 },
-                || {
-                    probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    // The probe's write succeeds, as it would on a new primary.
-                    std::future::ready(true)
-                },
+                &probe,
             )
             .await;
-        (outcome.is_ok(), probes.into_inner())
+        (outcome.is_ok(), probe.probes.into_inner())
+    }
+
+    /// A database whose probe write succeeds, as it would on a new primary, and whose primary
+    /// moves when `moves` says so.
+    struct Database {
+        probes: std::sync::atomic::AtomicUsize,
+        moves: watch::Receiver<u64>,
+    }
+
+    impl Database {
+        fn new() -> (watch::Sender<u64>, Database) {
+            let (moves, moved) = watch::channel(0);
+            (moves, Database { probes: Default::default(), moves: moved })
+        }
+    }
+
+    impl Probe for Database {
+        fn takes_writes(&self) -> BoxFuture<'_, bool> {
+            self.probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(std::future::ready(true))
+        }
+
+        fn moved(&self) -> BoxFuture<'static, ()> {
+            let mut moves = self.moves.clone();
+            moves.mark_unchanged();
+            Box::pin(async move {
+                let _ = moves.changed().await;
+            })
+        }
     }
 
     #[tokio::test]
@@ -301,6 +357,36 @@ mod tests {
     #[tokio::test]
     async fn outages_do_not_use_up_attempts() {
         assert_eq!(run_through(vec![Failure::Outage; 4]).await, (true, 0));
+    }
+
+    #[tokio::test]
+    async fn a_move_of_the_primary_ends_the_pause_before_the_next_attempt() {
+        let metrics = Metrics::new();
+        let (_stop, mut shutdown) = watch::channel(false);
+        let (moves, database) = Database::new();
+        let slow =
+            Policy { max_attempts: 1, first_backoff: Duration::from_secs(60), max_backoff: Duration::from_secs(60) };
+        let attempts = std::sync::atomic::AtomicUsize::new(0);
+        let started = Instant::now();
+        let running = slow.run_probed(
+            "test",
+            &metrics,
+            None,
+            &mut shutdown,
+            || {
+                let first = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
+                std::future::ready(if first { Err(Failing(Failure::Outage)) } else { Ok(()) })
+            },
+            &database,
+        );
+        let moving = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            moves.send_modify(|n| *n += 1);
+        };
+        let (outcome, ()) = tokio::join!(tokio::time::timeout(Duration::from_secs(5), running), moving);
+        assert!(matches!(outcome, Ok(Ok(()))), "the second attempt succeeds right after the move");
+        assert!(started.elapsed() < Duration::from_secs(5), "not after the minute's backoff");
+        assert_eq!(attempts.into_inner(), 2);
     }
 
     #[test]
