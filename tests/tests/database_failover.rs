@@ -126,6 +126,20 @@ impl HaLayout {
         .await
     }
 
+    /// Whether Patroni lists node `name` as a standby that runs or streams.
+    async fn is_standby(&self, http: &reqwest::Client, name: &str) -> bool {
+        self.members(http).await.iter().any(|(member, role, state)| {
+            member == name
+                && (role == "replica" || role == "sync_standby")
+                && (state == "running" || state == "streaming")
+        })
+    }
+
+    /// The name of the node Patroni lists as the leader, if a node answers.
+    async fn leader(&self, http: &reqwest::Client) -> Option<String> {
+        self.members(http).await.into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name)
+    }
+
     /// The members as Patroni's /cluster lists them, from the first node that answers (none if
     /// none does).
     async fn members(&self, http: &reqwest::Client) -> Vec<(String, String, String)> {
@@ -212,6 +226,30 @@ impl Drop for HaLayout {
     }
 }
 
+/// A layout's stack under traffic on every partition, each workspace acknowledged three times,
+/// and the leader before the fault.
+struct UnderTraffic {
+    stack: Stack,
+    keys: Vec<intake_tests::TestKey>,
+    http: reqwest::Client,
+    old: String,
+    old_node: u16,
+    traffic: Traffic,
+}
+
+async fn under_traffic(layout: &HaLayout) -> UnderTraffic {
+    layout.migrate();
+    let stack = layout.stack(&[]).await;
+    let keys = stack.workspaces_on_every_partition();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let old = layout.leader(&http).await.unwrap_or_else(|| panic!("no leader"));
+    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
+    let traffic = Traffic::start(stack.client(), &keys);
+    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
+        .await;
+    UnderTraffic { stack, keys, http, old, old_node, traffic }
+}
+
 /// Returns once every workspace had a write acknowledged after `at` (waited for up to
 /// `patience`), and two more each after that: writes on the new primary.
 async fn writing_again(traffic: &Traffic, workspaces: usize, at: Instant, patience: Duration) {
@@ -295,6 +333,28 @@ fn seconds_after(from: SystemTime, rfc3339: &str) -> Option<f64> {
     Some((at - from).as_seconds_f64())
 }
 
+/// Asserts that the layout's primary has every acknowledged write, at its acknowledged value.
+async fn assert_ledger_clean(layout: &HaLayout, keys: &[intake_tests::TestKey], sent: &[Sent]) {
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&layout.database_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check = check_ledger_in(&db, keys, sent, Duration::from_secs(20)).await;
+    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+}
+
+/// Asserts that every workspace's first success after the fault came within `bound` of `fault`.
+fn each_wrote_within(first: &[Option<Duration>], bound: Duration, fault: &str, writer_logs: &str) {
+    for (workspace, first) in first.iter().enumerate() {
+        assert!(
+            first.is_some_and(|d| d <= bound),
+            "workspace {workspace} had no success within {} s of {fault}: {first:?} (writer logs {writer_logs})",
+            bound.as_secs()
+        );
+    }
+}
+
 /// The first success of each workspace among requests sent after `at`, counted to its answer.
 fn first_success_after(sent: &[Sent], workspaces: usize, at: Instant) -> Vec<Option<Duration>> {
     let mut first = vec![None; workspaces];
@@ -366,13 +426,7 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let restarted_at = Instant::now();
     tokio::task::block_in_place(|| layout.start_what_is_down());
     let layout_back = restarted_at.elapsed();
-    let rejoined = || async {
-        cluster().await.iter().any(|(name, role, state)| {
-            *name == old
-                && (role == "replica" || role == "sync_standby")
-                && (state == "running" || state == "streaming")
-        })
-    };
+    let rejoined = || layout.is_standby(&http, &old);
     wait_until(&format!("{old} rejoining as a standby"), Duration::from_secs(90), rejoined).await;
     let rejoined_after = restarted_at.elapsed();
     let sent = traffic.stop().await;
@@ -402,13 +456,7 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
         started.elapsed().as_secs_f64(),
     );
 
-    for (workspace, first) in first.iter().enumerate() {
-        assert!(
-            first.is_some_and(|d| d <= Duration::from_secs(30)),
-            "workspace {workspace} had no success within 30 s of the kill: {first:?} (writer logs {})",
-            stack.log_dir.display()
-        );
-    }
+    each_wrote_within(&first, Duration::from_secs(30), "the kill", &stack.log_dir.display().to_string());
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
     // The writer found the new primary among the nodes itself, not through HAProxy.
     let writer_log = std::fs::read_to_string(stack.log_dir.join("writer.log")).unwrap_or_default();
@@ -467,18 +515,8 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_place() {
     let layout = tokio::task::block_in_place(HaLayout::start);
-    layout.migrate();
-    let stack = layout.stack(&[]).await;
-    let keys = stack.workspaces_on_every_partition();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
-    let leader = || async {
-        layout.members(&http).await.into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name)
-    };
-    let old = leader().await.unwrap_or_else(|| panic!("no leader"));
-    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
-    let traffic = Traffic::start(stack.client(), &keys);
-    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
-        .await;
+    let UnderTraffic { stack, keys, http, old, old_node, traffic } = under_traffic(&layout).await;
+    let leader = || layout.leader(&http);
 
     let freeze = format!("kill -STOP -- \"-$(cat {}/run/ha-node-{old_node}.pid)\"", layout.dir.display());
     layout.lib(&freeze).unwrap_or_else(|e| panic!("{e}"));
@@ -511,13 +549,7 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
     );
     assert_ne!(new, old, "another node leads");
     assert_eq!(old_in_recovery, Some(false), "the old primary, its Patroni frozen, still takes writes");
-    for (workspace, first) in first.iter().enumerate() {
-        assert!(
-            first.is_some_and(|d| d <= Duration::from_secs(15)),
-            "workspace {workspace} had no success within 15 s of the promotion: {first:?} (writer logs {})",
-            stack.log_dir.display()
-        );
-    }
+    each_wrote_within(&first, Duration::from_secs(15), "the promotion", &stack.log_dir.display().to_string());
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
     // The writer saw both nodes take writes (asked every second) and moved.
     let writer_log = || std::fs::read_to_string(stack.log_dir.join("writer.log")).unwrap_or_default();
@@ -527,13 +559,7 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
         })
         .await;
     }
-    let db = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&layout.database_url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
-    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
+    assert_ledger_clean(&layout, &keys, &sent).await;
 }
 
 /// Only the primary's PostgreSQL crashes (its postmaster SIGKILLed), its Patroni alive: Patroni
@@ -544,18 +570,8 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_primary_s_postgresql_crashed_under_traffic_writes_again_within_15_s() {
     let layout = tokio::task::block_in_place(HaLayout::start);
-    layout.migrate();
-    let stack = layout.stack(&[]).await;
-    let keys = stack.workspaces_on_every_partition();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
-    let leader = || async {
-        layout.members(&http).await.into_iter().find(|(_, role, _)| role == "leader").map(|(name, _, _)| name)
-    };
-    let old = leader().await.unwrap_or_else(|| panic!("no leader"));
-    let old_node: u16 = old.trim_start_matches("node-").parse().unwrap_or_else(|e| panic!("{old}: {e}"));
-    let traffic = Traffic::start(stack.client(), &keys);
-    wait_until("traffic acknowledged", Duration::from_secs(30), || async { traffic.acknowledged() >= keys.len() * 3 })
-        .await;
+    let UnderTraffic { stack, keys, http, old, old_node, traffic } = under_traffic(&layout).await;
+    let leader = || layout.leader(&http);
 
     let crash = format!(
         "postmaster=\"$(head -n 1 {}/ha/node-{old_node}/data/postmaster.pid)\" && kill -KILL \"$postmaster\"",
@@ -577,30 +593,12 @@ async fn the_primary_s_postgresql_crashed_under_traffic_writes_again_within_15_s
         report.failed,
         report.longest.as_secs_f64(),
     );
-    for (workspace, first) in first.iter().enumerate() {
-        assert!(
-            first.is_some_and(|d| d <= Duration::from_secs(15)),
-            "workspace {workspace} had no success within 15 s of the crash: {first:?} (writer logs {}; the layout's {})",
-            stack.log_dir.display(),
-            layout.logs().display()
-        );
-    }
+    let logs = format!("{}; the layout's {}", stack.log_dir.display(), layout.logs().display());
+    each_wrote_within(&first, Duration::from_secs(15), "the crash", &logs);
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
-    let db = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&layout.database_url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let check = check_ledger_in(&db, &keys, &sent, Duration::from_secs(20)).await;
-    assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
-    wait_until(&format!("{old} rejoining as a standby"), Duration::from_secs(60), || async {
-        layout.members(&http).await.iter().any(|(name, role, state)| {
-            *name == old
-                && (role == "replica" || role == "sync_standby")
-                && (state == "running" || state == "streaming")
-        })
-    })
-    .await;
+    assert_ledger_clean(&layout, &keys, &sent).await;
+    wait_until(&format!("{old} rejoining as a standby"), Duration::from_secs(60), || layout.is_standby(&http, &old))
+        .await;
 }
 
 /// The HA layout's standbys, as (node, its PostgreSQL's port).
