@@ -151,7 +151,7 @@ start_postgres() {
     # checkpoint logs the whole page, and every insert touches a page of each of ten indexes),
     # and backends wrote out evicted pages themselves. docs/operations.md, "PostgreSQL".
     local settings="-c shared_buffers=2GB -c max_wal_size=8GB -c min_wal_size=1GB"
-    settings+=" -c checkpoint_timeout=15min -c wal_compression=lz4"
+    settings+=" -c checkpoint_timeout=15min -c wal_compression=lz4 -c wal_init_zero=off"
     local attempt
     for attempt in $(seq 20); do
         as_postgres "$(pg_bin pg_ctl)" -D "$data" -l "$LOGS/postgres.log" -w \

@@ -100,7 +100,8 @@ impl Cluster {
         let options = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -k /tmp -c max_connections=300 \
              -c shared_buffers={shared_buffers_mib}MB -c max_wal_size=8GB -c min_wal_size=1GB \
-             -c checkpoint_timeout=15min -c wal_compression=lz4 -c track_io_timing=on {trial}"
+             -c checkpoint_timeout=15min -c wal_compression=lz4 -c wal_init_zero=off \
+             -c track_io_timing=on {trial}"
         );
         // The shell moves itself into the group, then becomes pg_ctl: the server it forks, and
         // every backend after, starts in the group.
