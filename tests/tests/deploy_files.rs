@@ -1,5 +1,6 @@
 //! The multi-machine deployment files (`deploy/k8s`, `deploy/prometheus`, `deploy/systemd`)
-//! through their own validators, and the settings they name against the programs' flags.
+//! through their own validators, the settings they name against the programs' flags, and
+//! PostgreSQL's settings in each against the single node's.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -105,6 +106,53 @@ fn deployment_files_set_only_settings_the_programs_have() {
             let text = std::fs::read_to_string(&file).unwrap_or_default();
             let unknown: Vec<String> = variables(&text).difference(&known).cloned().collect();
             assert!(unknown.is_empty(), "{} names settings no program has: {unknown:?}", file.display());
+        }
+    }
+}
+
+/// The `-c name=value` settings `deploy/lib.sh`'s `start_postgres` gives the single node.
+fn single_node_settings() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo().join("deploy/lib.sh")).unwrap_or_else(|e| panic!("deploy/lib.sh: {e}"));
+    let start = text.find("start_postgres() {").expect("deploy/lib.sh has start_postgres");
+    let body = &text[start..start + text[start..].find("\n}\n").expect("start_postgres ends")];
+    let words: Vec<&str> = body.split(|c: char| c.is_whitespace() || c == '"').collect();
+    words
+        .windows(2)
+        .filter(|pair| pair[0] == "-c")
+        .filter_map(|pair| pair[1].split_once('='))
+        .filter(|(name, _)| *name != "listen_addresses")
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
+/// The `name: value` lines of the YAML block under the line `parameters:` in `file`, quotes
+/// taken off (a flat block of scalars, as these files keep it).
+fn yaml_parameters(file: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(repo().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut lines = text.lines().skip_while(|line| line.trim() != "parameters:");
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let block = indent(lines.next().unwrap_or_else(|| panic!("{file} has no parameters block")));
+    lines
+        .filter(|line| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
+        .take_while(|line| indent(line) > block)
+        .filter_map(|line| line.trim().split_once(": "))
+        .map(|(name, value)| (name.to_string(), value.trim_matches('"').to_string()))
+        .collect()
+}
+
+#[test]
+fn every_postgresql_of_the_deployments_runs_with_the_single_node_s_settings() {
+    let single = single_node_settings();
+    let names: Vec<&str> = single.iter().map(|(name, _)| name.as_str()).collect();
+    for expected in ["shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_init_zero", "max_connections"] {
+        assert!(names.contains(&expected), "deploy/lib.sh's settings were not read: {single:?}");
+    }
+    // The Patroni layout takes shared_buffers from the single node's at start (patroni.yml).
+    for (file, skipped) in [("deploy/ha/dcs.yml", Some("shared_buffers")), ("deploy/k8s/15-database.yaml", None)] {
+        let parameters = yaml_parameters(file);
+        for (name, value) in single.iter().filter(|(name, _)| Some(name.as_str()) != skipped) {
+            let found = parameters.iter().find(|(other, _)| other == name).map(|(_, value)| value);
+            assert_eq!(found, Some(value), "{file}: {name} differs from the single node's (deploy/lib.sh)");
         }
     }
 }
