@@ -355,17 +355,39 @@ fn each_wrote_within(first: &[Option<Duration>], bound: Duration, fault: &str, w
     }
 }
 
-/// The first success of each workspace among requests sent after `at`, counted to its answer.
-fn first_success_after(sent: &[Sent], workspaces: usize, at: Instant) -> Vec<Option<Duration>> {
-    let mut first = vec![None; workspaces];
-    for s in sent.iter().filter(|s| s.started >= at && (200..300).contains(&s.status)) {
-        let answered = s.started + s.took - at;
-        let slot: &mut Option<Duration> = &mut first[s.workspace];
-        if slot.is_none_or(|earlier| answered < earlier) {
-            *slot = Some(answered);
+/// What the traffic saw of a fault at `at`: each workspace's first success among requests sent
+/// after it (counted to its answer), and the tally of every answer.
+struct Outcome {
+    first: Vec<Option<Duration>>,
+    report: FaultReport,
+    requests: usize,
+}
+
+impl Outcome {
+    fn of(sent: &[Sent], workspaces: usize, at: Instant) -> Outcome {
+        let mut first = vec![None; workspaces];
+        for s in sent.iter().filter(|s| s.started >= at && (200..300).contains(&s.status)) {
+            let answered = s.started + s.took - at;
+            let slot: &mut Option<Duration> = &mut first[s.workspace];
+            if slot.is_none_or(|earlier| answered < earlier) {
+                *slot = Some(answered);
+            }
         }
+        Outcome { first, report: FaultReport::of(sent, workspaces, at), requests: sent.len() }
     }
-    first
+
+    /// The part of each failover test's printed line that they share.
+    fn summary(&self) -> String {
+        let secs = |d: &Option<Duration>| d.map_or("none".to_owned(), |d| format!("{:.1}", d.as_secs_f64()));
+        format!(
+            "first success per workspace {:?} s; {} requests, {} acknowledged, {} failed, longest {:.1} s",
+            self.first.iter().map(secs).collect::<Vec<_>>(),
+            self.requests,
+            self.report.acknowledged,
+            self.report.failed,
+            self.report.longest.as_secs_f64(),
+        )
+    }
 }
 
 // Several threads: the layout's scripts block one while the traffic goes on.
@@ -431,30 +453,25 @@ async fn the_primary_machine_lost_under_traffic_loses_nothing_acknowledged_and_h
     let rejoined_after = restarted_at.elapsed();
     let sent = traffic.stop().await;
 
-    let first = first_success_after(&sent, keys.len(), killed_at);
-    let report = FaultReport::of(&sent, keys.len(), killed_at);
+    let outcome = Outcome::of(&sent, keys.len(), killed_at);
     let secs = |d: Option<Duration>| d.map_or("none".to_owned(), |d| format!("{:.1}", d.as_secs_f64()));
     let opt = |s: Option<f64>| s.map_or("?".to_owned(), |s| format!("{s:.1}"));
     eprintln!(
         "failover of {old} to {new_leader}: leader key expiring {} s after the kill, promotion at {} s, \
-         listed as leader at {} s, HAProxy routing to it at {} s; first success per workspace {:?} s; \
-         {old} rejoined {:.1} s after its restart (start_ha_cluster {:.1} s; {}); layout up in {:.1} s; {} requests, {} acknowledged, \
-         {} failed, longest {:.1} s; test {:.1} s so far",
+         listed as leader at {} s, HAProxy routing to it at {} s; {old} rejoined {:.1} s after its restart \
+         (start_ha_cluster {:.1} s; {}); layout up in {:.1} s; test {:.1} s so far; {}",
         opt(key_expires),
         opt(promoted),
         secs(seen.leader_listed),
         secs(seen.routed),
-        first.iter().map(|d| secs(*d)).collect::<Vec<_>>(),
         rejoined_after.as_secs_f64(),
         layout_back.as_secs_f64(),
         layout.how_rejoined(old_node),
         layout_up.as_secs_f64(),
-        sent.len(),
-        report.acknowledged,
-        report.failed,
-        report.longest.as_secs_f64(),
         started.elapsed().as_secs_f64(),
+        outcome.summary(),
     );
+    let Outcome { first, report, .. } = outcome;
 
     each_wrote_within(&first, Duration::from_secs(30), "the kill", &stack.log_dir.display().to_string());
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
@@ -538,15 +555,9 @@ async fn a_primary_whose_patroni_froze_is_left_for_the_node_promoted_in_its_plac
         Err(_) => None,
     };
 
-    let first = first_success_after(&sent, keys.len(), promoted_at);
-    let report = FaultReport::of(&sent, keys.len(), promoted_at);
-    eprintln!(
-        "{old}'s Patroni frozen, {new} leading; first success per workspace after the promotion {:?} s; {} requests, {} acknowledged, {} failed",
-        first.iter().map(|d| d.map(|d| d.as_secs_f64())).collect::<Vec<_>>(),
-        sent.len(),
-        report.acknowledged,
-        report.failed,
-    );
+    let outcome = Outcome::of(&sent, keys.len(), promoted_at);
+    eprintln!("{old}'s Patroni frozen, {new} leading; after the promotion: {}", outcome.summary());
+    let Outcome { first, report, .. } = outcome;
     assert_ne!(new, old, "another node leads");
     assert_eq!(old_in_recovery, Some(false), "the old primary, its Patroni frozen, still takes writes");
     each_wrote_within(&first, Duration::from_secs(15), "the promotion", &stack.log_dir.display().to_string());
@@ -583,16 +594,9 @@ async fn the_primary_s_postgresql_crashed_under_traffic_writes_again_within_15_s
     let sent = traffic.stop().await;
     let now_leading = leader().await.unwrap_or_default();
 
-    let first = first_success_after(&sent, keys.len(), crashed_at);
-    let report = FaultReport::of(&sent, keys.len(), crashed_at);
-    eprintln!(
-        "{old}'s postmaster killed, {now_leading} leading after it; first success per workspace {:?} s; {} requests, {} acknowledged, {} failed, longest {:.1} s",
-        first.iter().map(|d| d.map(|d| d.as_secs_f64())).collect::<Vec<_>>(),
-        sent.len(),
-        report.acknowledged,
-        report.failed,
-        report.longest.as_secs_f64(),
-    );
+    let outcome = Outcome::of(&sent, keys.len(), crashed_at);
+    eprintln!("{old}'s postmaster killed, {now_leading} leading after it; {}", outcome.summary());
+    let Outcome { first, report, .. } = outcome;
     let logs = format!("{}; the layout's {}", stack.log_dir.display(), layout.logs().display());
     each_wrote_within(&first, Duration::from_secs(15), "the crash", &logs);
     assert!(report.unexpected.is_empty(), "statuses other than 2xx, 500 and 503: {report:?}");
