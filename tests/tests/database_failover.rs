@@ -758,6 +758,10 @@ async fn no_answer_leaves_before_a_synchronous_standby_has_the_commit_however_it
     }
     let metrics = stack.writer_metrics(0).await;
     assert!(metrics.value("intake_writer_unreplicated_commits_total") >= 1.0, "counted");
+    assert!(
+        metrics.value("intake_writer_confirmations_rechecked_total") >= 1.0,
+        "the confirmations that found no standby with the commit looked again before giving up"
+    );
     let (status, _) = stack.ops_get(&format!("{}/healthz", stack.writer_ops_urls[0])).await;
     assert_eq!(status, 200, "an outage, not a stall");
 

@@ -51,6 +51,13 @@ pub struct DurabilityArgs {
     pub replication_wait_ms: u64,
 }
 
+/// What [`Durability`] counts, for the writer's metrics.
+#[derive(Clone, Default)]
+pub struct DurabilityCounters {
+    pub unconfirmed: Counter,
+    pub rechecked: Counter,
+}
+
 /// How long a COMMIT has to return once its wait for the standby was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// The longest pause between two looks at the standbys' positions.
@@ -65,6 +72,8 @@ pub struct Durability {
     control: PgPool,
     /// Commits whose wait was cancelled, and answers held back, for want of a standby's flush.
     unconfirmed: Counter,
+    /// Confirmations that had to look at the standbys' positions again.
+    rechecked: Counter,
     /// Warned once that this role cannot read the standbys' positions.
     told_blind: Arc<AtomicBool>,
 }
@@ -97,7 +106,7 @@ const CANCEL_WAIT: &str =
 
 impl Durability {
     /// `node`: the database the commits go to; its control connection is made when first needed.
-    pub fn new(node: PgConnectOptions, args: &DurabilityArgs, unconfirmed: Counter) -> Durability {
+    pub fn new(node: PgConnectOptions, args: &DurabilityArgs, counters: DurabilityCounters) -> Durability {
         let control = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(2))
@@ -106,7 +115,8 @@ impl Durability {
             when: args.ack_when,
             wait: Duration::from_millis(args.replication_wait_ms),
             control,
-            unconfirmed,
+            unconfirmed: counters.unconfirmed,
+            rechecked: counters.rechecked,
             told_blind: Arc::default(),
         }
     }
@@ -167,6 +177,7 @@ impl Durability {
                  confirmed replicated: grant it pg_monitor (docs/operations.md, \"Acknowledged means replicated\")"
             );
         }
+        self.rechecked.inc();
         let deadline = Instant::now() + self.wait;
         let mut pause = Duration::from_micros(200);
         loop {

@@ -81,6 +81,9 @@ pub struct Metrics {
     /// Commits whose wait for a synchronous standby, or whose answer's wait for a standby's
     /// flush, passed the bound: an outage, retried, nothing answered (`durability.rs`).
     pub unreplicated_commits: Counter,
+    /// Confirmations whose first look found no synchronous standby at the primary's flushed
+    /// position yet (another session's later commit had moved it on), and looked again.
+    pub confirmations_rechecked: Counter,
     /// 1 while the database lacks migrations this build's statements use (at the start, or
     /// found when a statement failed on a missing column or table): nothing is applied.
     pub schema_behind: Gauge,
@@ -183,6 +186,11 @@ impl Metrics {
             unreplicated_commits: r.register(
                 "unreplicated_commits",
                 "Commits not confirmed flushed by a synchronous standby within the bound; retried, unanswered",
+                Counter::default(),
+            ),
+            confirmations_rechecked: r.register(
+                "confirmations_rechecked",
+                "Confirmations of a commit's replication that had to read the standbys' positions again",
                 Counter::default(),
             ),
             schema_behind: r.register(

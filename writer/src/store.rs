@@ -361,7 +361,7 @@ impl Database {
     pub fn for_command(pool: PgPool, durability: &crate::durability::DurabilityArgs) -> Database {
         let node = pool.connect_options().as_ref().clone();
         Database {
-            durability: Durability::new(node, durability, prometheus_client::metrics::counter::Counter::default()),
+            durability: Durability::new(node, durability, crate::durability::DurabilityCounters::default()),
             pool,
             schema_behind: Gauge::default(),
             moves: Moves::default(),

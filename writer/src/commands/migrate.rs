@@ -1,9 +1,8 @@
 //! `intake-writer migrate`.
 
-use crate::durability::{Durability, DurabilityArgs};
+use crate::durability::{Durability, DurabilityArgs, DurabilityCounters};
 use crate::{migrations, store};
 use intake_common::config::{DatabaseArgs, KafkaArgs};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 
 #[derive(clap::Args)]
@@ -41,7 +40,8 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     }
     let stage = if contract { migrations::Stage::Contract } else { migrations::Stage::Expand };
     let waiting = migrations::run(&pool, stage, through).await?;
-    let durability = Durability::new(pool.connect_options().as_ref().clone(), &durability, Counter::default());
+    let durability =
+        Durability::new(pool.connect_options().as_ref().clone(), &durability, DurabilityCounters::default());
     durability.confirm(&mut *pool.acquire().await?).await?;
     Ok(json!({ "migrated": true, "waiting_for_contract": waiting }))
 }

@@ -1,6 +1,6 @@
 //! `intake-writer run`: the service itself.
 
-use crate::durability::{Durability, DurabilityArgs};
+use crate::durability::{Durability, DurabilityArgs, DurabilityCounters};
 use crate::primary::Primary;
 use crate::store::{self, Database};
 use crate::{consume, health, metrics, migrations, ops, retry};
@@ -98,7 +98,14 @@ pub async fn execute(args: Args) -> anyhow::Result<Value> {
     let rehearsals = metrics.connection_rehearsals.clone();
     // The nodes DATABASE_URL names, and the primary among them followed (a single node: itself).
     let primary = Primary::new(&database.url)?;
-    let durability = Durability::new(primary.options(), &durability, metrics.unreplicated_commits.clone());
+    let durability = Durability::new(
+        primary.options(),
+        &durability,
+        DurabilityCounters {
+            unconfirmed: metrics.unreplicated_commits.clone(),
+            rechecked: metrics.confirmations_rechecked.clone(),
+        },
+    );
     primary.follow(durability.control(), Durability::control_options);
     let health = health::Health::new(metrics, kafka.requests_topic.clone(), Duration::from_millis(stall_timeout_ms));
     let connected = health.clone();

@@ -1119,8 +1119,12 @@ fn ha_section(md: &mut String, run: &Run) {
 
 /// The stage timers of a scenario in words (the bucket bounds are powers of two from 1 ms).
 fn stages_text(w: &Value) -> String {
+    let rechecked = match field(w, "confirmations_rechecked") {
+        n if n > 0.0 => format!("; {n} commits' replication confirmed only at a second look"),
+        _ => String::new(),
+    };
     format!(
-        "each writer applied {:.2} groups at once on average, of {} lanes ({} groups, {} messages and {} ms a group; apply p50 ≤ {} ms, p99 ≤ {} ms); inside the gateway a write took p50 ≤ {} ms, p99 ≤ {} ms",
+        "each writer applied {:.2} groups at once on average, of {} lanes ({} groups, {} messages and {} ms a group; apply p50 ≤ {} ms, p99 ≤ {} ms); inside the gateway a write took p50 ≤ {} ms, p99 ≤ {} ms{rechecked}",
         field(w, "apply_lanes_busy_per_writer"),
         writer_lanes(),
         w["groups"], w["messages_per_group"], w["mean_apply_ms_per_group"],
