@@ -60,7 +60,8 @@ pub struct DurabilityCounters {
 
 /// How long a COMMIT has to return once its wait for the standby was cancelled.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
-/// The longest pause between two looks at the standbys' positions.
+/// The shortest and the longest pause between two looks at the standbys' positions.
+const MIN_POLL: Duration = Duration::from_millis(1);
 const MAX_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Clone)]
@@ -179,9 +180,14 @@ impl Durability {
         }
         self.rechecked.inc();
         let deadline = Instant::now() + self.wait;
-        let mut pause = Duration::from_micros(200);
+        // The usual miss: a later commit of another session moved the flushed position on, and
+        // the standby's report of it is a round trip away, so the first look again is at once.
+        // Then pauses, from the timer's resolution (tokio's: 1 ms) up.
+        let mut pause = Duration::ZERO;
         loop {
-            tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            if !pause.is_zero() {
+                tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            }
             let flushed: bool = sqlx::query_scalar(FLUSHED).bind(&target).fetch_one(&mut *connection).await?;
             if flushed {
                 return Ok(());
@@ -190,7 +196,7 @@ impl Durability {
                 self.unconfirmed.inc();
                 return Err(unconfirmed("no synchronous standby has flushed the commit"));
             }
-            pause = (pause * 2).min(MAX_POLL);
+            pause = (pause * 2).clamp(MIN_POLL, MAX_POLL);
         }
     }
 }
