@@ -150,7 +150,7 @@ async fn a_workspace_held_in_postgresql_holds_up_only_itself() {
 /// A batch workspace is not starved by steady single sends of others, as its sender sees it:
 /// every batch answered within the bound while they never let up. Its groups cannot join
 /// theirs (over a chunk of items) and go back to the front of the ready workspaces
-/// (docs/architecture.md, "Small groups share a commit"); the order itself is pinned by
+/// (docs/architecture.md, "Isolation in the writer"); the order itself is pinned by
 /// `apply::tests::a_batch_among_steady_single_sends_is_applied_at_the_next_step`, since here
 /// the ready queue rarely holds enough to show it.
 #[tokio::test]
