@@ -995,6 +995,17 @@ fn ha_cpu_rows(run: &Run) -> Vec<(&'static str, &'static str, f64, f64)> {
     rows
 }
 
+/// Per scenario run on both: the gateway's CPU a request (or per 1,000 items) on HA over the
+/// single node's. The layout changes nothing of the gateway's work (its key look-ups are
+/// cached), so a ratio away from 1 is the host's speed changing between the two halves of the
+/// run, and every HA / single ratio of that scenario carries it.
+fn host_drift(cpu: &[(&'static str, &'static str, f64, f64)]) -> Vec<(&'static str, f64)> {
+    cpu.iter()
+        .filter(|(_, label, single, _)| *label == "gateway" && *single > 0.0)
+        .map(|(scenario, _, single, ha)| (*scenario, round2(ha / single)))
+        .collect()
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -1099,8 +1110,17 @@ fn ha_section(md: &mut String, run: &Run) {
             md,
             "Where the CPU goes: each role's CPU time (from /proc, utime + stime, over the middle of the scenario) divided by what the scenario served, in ms a request (`single_*`) or per 1,000 items (`batch_ingest`). The primary's PostgreSQL counts its postmaster, background processes and the backends of the run's databases; its walsenders are apart; a shared server's other backends are among the other processes.\n\n| scenario | role | single node | HA | HA − single |\n|---|---|---|---|---|"
         );
-        for (scenario, label, single, ha) in cpu {
+        for &(scenario, label, single, ha) in &cpu {
             let _ = writeln!(md, "| {scenario} | {label} | {single} | {ha} | {} |", round3(ha - single));
+        }
+        let drift = host_drift(&cpu);
+        if !drift.is_empty() {
+            let list =
+                drift.iter().map(|(scenario, ratio)| format!("{scenario} {ratio}")).collect::<Vec<_>>().join(", ");
+            let _ = writeln!(
+                md,
+                "\nThe host's speed across the run: the gateway's CPU a request on HA over the single node's, for the same work: {list}. Away from 1 (beyond about 0.1), the host ran at another speed during one half of the run, and that scenario's HA / single ratios carry the difference."
+            );
         }
         let _ = writeln!(md);
     }
@@ -1249,6 +1269,17 @@ fn sized_storage(md: &mut String, run: &Run) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_s_drift_is_the_gateway_s_cpu_on_ha_over_the_single_node_s() {
+        let cpu = [
+            ("single_32", "writer", 0.374, 0.514),
+            ("single_32", "gateway", 0.319, 0.415),
+            ("single_200rps", "gateway", 0.85, 0.85),
+            ("batch_ingest", "gateway", 0.0, 1.0),
+        ];
+        assert_eq!(host_drift(&cpu), vec![("single_32", 1.3), ("single_200rps", 1.0)]);
+    }
 
     #[test]
     fn every_scenario_at_size_is_described_with_its_size() {
