@@ -20,7 +20,7 @@ pub struct Timers {
     apply_seconds: f64,
     groups: f64,
     messages: f64,
-    commits_rechecked: f64,
+    confirmations_rechecked: f64,
     apply: Buckets,
     gateway: Buckets,
 }
@@ -62,7 +62,7 @@ pub async fn read(stack: &Stack) -> Timers {
             } else if line.starts_with("intake_writer_messages_total{") {
                 timers.messages += metric_value(line).unwrap_or(0.0);
             } else if line.starts_with("intake_writer_confirmations_rechecked_total ") {
-                timers.commits_rechecked += metric_value(line).unwrap_or(0.0);
+                timers.confirmations_rechecked += metric_value(line).unwrap_or(0.0);
             } else if line.starts_with("intake_writer_apply_seconds_bucket{") {
                 add_bucket(&mut timers.apply, line);
             }
@@ -99,7 +99,7 @@ pub fn between(before: &Timers, after: &Timers, elapsed: Duration, writers: usiz
         "messages_per_group": round2(messages / groups.max(1.0)),
         "mean_apply_ms_per_group": round2(seconds * 1000.0 / groups.max(1.0)),
         // Groups whose replication had to be confirmed by a second look (the HA layout).
-        "confirmations_rechecked": after.commits_rechecked - before.commits_rechecked,
+        "confirmations_rechecked": after.confirmations_rechecked - before.confirmations_rechecked,
         "apply_p50_ms_at_most": at_most(&before.apply, &after.apply, 0.5),
         "apply_p99_ms_at_most": at_most(&before.apply, &after.apply, 0.99),
         "gateway_write_p50_ms_at_most": at_most(&before.gateway, &after.gateway, 0.5),
