@@ -6,8 +6,8 @@
 #   errors), against Kubernetes 1.28 (the oldest with the pod-index label the gateways use) and
 #   1.37. It ships the API's JSON schemas, so it works offline; kubeconform would download them.
 # - Prometheus rules (prometheus/): promtool check rules, and promtool test rules on the
-#   synthetic series of alerts.test.yml. promtool is taken out of Debian's prometheus package
-#   without installing the package (which would start a Prometheus server).
+#   synthetic series of every *.test.yml. promtool is taken out of Debian's
+#   prometheus package without installing the package (which would start a Prometheus server).
 # - systemd units (systemd/): systemd-analyze verify, with the programs' paths pointed at
 #   stubs (it checks that ExecStart= is executable), the gateway also with its TLS drop-in;
 #   any warning fails.
@@ -100,7 +100,7 @@ check_haproxy() {
 check_rules() {
     "$TOOLS/bin/promtool" check rules "$DEPLOY/prometheus/alerts.yml" >/dev/null
     "$TOOLS/bin/promtool" check config "$DEPLOY/prometheus/prometheus.yml" >/dev/null
-    (cd "$DEPLOY/prometheus" && "$TOOLS/bin/promtool" test rules alerts.test.yml >/dev/null)
+    (cd "$DEPLOY/prometheus" && "$TOOLS/bin/promtool" test rules ./*.test.yml >/dev/null)
     echo "ok: Prometheus rules (deploy/prometheus: promtool check rules, check config, test rules)"
 }
 
