@@ -21,18 +21,20 @@ export PATH="$NEXTEST_VENV/bin:$PATH"
 
 # Every program of the workspace (the load generator and the fault harness too) and every test
 # program, on the profile the quick start runs, so that the test binaries share its artifacts;
-# compiled while the tools below download (network, not CPU). The list of test programs lets
-# nextest run them without cargo below, while clippy holds cargo's lock on the build folder.
+# compiled while the tools below download (network, not CPU). The test programs compile through
+# clippy-driver, so this build is also the lint (deploy/rustc-lint.sh); its warnings, which cargo
+# repeats for what it did not compile again, fail the run at the end. The list of test programs
+# lets nextest run them without cargo below.
 NEXTEST_META="$CARGO_TARGET_DIR/nextest-reuse"
 mkdir -p "$NEXTEST_META"
 started=$SECONDS
-(cd "$REPO" && cargo build --release --workspace --bins --quiet \
+(cd "$REPO" && cargo build --release --workspace --bins --quiet 2>"$NEXTEST_META/build.log" \
     && cargo nextest list --cargo-profile release --cargo-quiet --workspace --list-type binaries-only \
-        --message-format json >"$NEXTEST_META/binaries.json" \
+        --message-format json >"$NEXTEST_META/binaries.json" 2>>"$NEXTEST_META/build.log" \
     && cargo metadata --format-version 1 --no-deps >"$NEXTEST_META/cargo.json" \
     && say "build: $((SECONDS - started)) s") &
 building=$!
-trap 'kill "$building" ${lints:-} 2>/dev/null || true' EXIT
+trap 'kill "$building" 2>/dev/null || true' EXIT
 
 # Debian's packages the tests use (the HA layout's, iptables for the fault harness's cuts), once
 # here rather than by each test on a fresh machine, inside its time limit.
@@ -75,7 +77,7 @@ else
     fi
 fi
 
-wait "$building" || { say "the build failed (above)"; exit 1; }
+wait "$building" || { cat "$NEXTEST_META/build.log"; say "the build failed (above)"; exit 1; }
 
 create_database intake_test
 export DATABASE_URL="$(database_url intake_test)"
@@ -88,25 +90,18 @@ done
 INTAKE_WRITER_GROUP=intake-test-migrate "$BIN/intake-writer" migrate --contract >/dev/null
 export INTAKE_BIN_DIR="$BIN"
 
-# Clippy beside the suite, at the lowest CPU priority: its check of every dependency (most of its
-# two minutes of CPU) takes only what the tests leave idle, instead of running before them.
-# Its findings come at the end, and fail the run as a test does. On the release profile, like
-# the build: its build scripts and proc macros are then the build's own, compiled once.
 cd "$REPO"
 started=$SECONDS
-(nice -n 19 cargo clippy --release --workspace --all-targets --quiet -- -D warnings \
-    >"$NEXTEST_META/clippy.log" 2>&1 && say "clippy: $((SECONDS - started)) s") &
-lints=$!
 reuse=(--binaries-metadata "$NEXTEST_META/binaries.json" --cargo-metadata "$NEXTEST_META/cargo.json")
 status=0
 cargo nextest run "${reuse[@]}" --no-fail-fast --profile "$nextest_profile" "$@" || status=$?
 say "tests: $((SECONDS - started)) s"
-if ! wait "$lints"; then
-    cat "$NEXTEST_META/clippy.log"
-    say "clippy found warnings (above)"
+if grep -q '^warning' "$NEXTEST_META/build.log"; then
+    cat "$NEXTEST_META/build.log"
+    say "the build warned (above): rustc's warnings and clippy's findings fail the run"
     status=1
 fi
-# Then the bounds on latency, alone (.config/nextest.toml, profile latency), clippy done; a
+# Then the bounds on latency, alone (.config/nextest.toml, profile latency); a
 # filter given on the command line that selects none of them runs none.
 cargo nextest run "${reuse[@]}" --no-fail-fast --profile latency --no-tests=pass "$@" || status=$?
 if [ "$nextest_profile" = no-clients ]; then
