@@ -91,3 +91,42 @@ fn the_service_binaries_keep_their_symbols() {
         assert!(sections.contains(" .symtab "), "{} has no symbol table:\n{sections}", path.display());
     }
 }
+
+/// The suite's build is its lint (docs/testing.md): cargo runs every compilation of the
+/// workspace through `deploy/rustc-lint.sh`, which gives a test target to clippy-driver, with
+/// clippy's findings as errors, and anything else to rustc itself. Checked with stand-ins for
+/// both compilers, which print what they were given.
+#[test]
+fn test_targets_compile_through_clippy_and_the_programs_through_rustc() {
+    let repo = intake_tests::repo();
+    let config = std::fs::read_to_string(repo.join(".cargo/config.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let setting = |line: &str| config.lines().any(|l| l.trim() == line);
+    assert!(setting(r#"rustc-workspace-wrapper = "deploy/rustc-lint.sh""#), ".cargo/config.toml:\n{config}");
+    assert!(setting(r#"CLIPPY_ARGS = "-Dwarnings""#), ".cargo/config.toml:\n{config}");
+
+    let dir = std::env::temp_dir().join(format!("intake-lint-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    for (name, says) in [("clippy-driver", "clippy"), ("rustc", "rustc")] {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho {says} \"$@\"\n")).unwrap_or_else(|e| panic!("{e}"));
+        let made = Command::new("chmod").arg("+x").arg(&path).status().unwrap_or_else(|e| panic!("{e}"));
+        assert!(made.success());
+    }
+    let rustc = dir.join("rustc").display().to_string();
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    let compile = |args: &[&str]| {
+        let output = Command::new(repo.join("deploy/rustc-lint.sh"))
+            .arg(&rustc)
+            .args(args)
+            .env("PATH", &path)
+            .output()
+            .unwrap_or_else(|e| panic!("deploy/rustc-lint.sh: {e}"));
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    let test = compile(&["--crate-name", "intake_writer", "--test", "writer/src/lib.rs"]);
+    let program = compile(&["--crate-name", "intake_writer", "--crate-type", "lib", "writer/src/lib.rs"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(test, format!("clippy {rustc} --crate-name intake_writer --test writer/src/lib.rs"));
+    assert_eq!(program, "rustc --crate-name intake_writer --crate-type lib writer/src/lib.rs");
+}
