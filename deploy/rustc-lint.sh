@@ -6,8 +6,8 @@
 # (check and build artifacts are separate units to cargo), 100 s of CPU on a fresh machine,
 # beside the tests. A test target compiles its crate's whole code, so every crate is linted;
 # the programs that run (the services, the load generator) stay rustc's own, since
-# clippy-driver turns MIR optimisations off. Findings are errors where CLIPPY_ARGS says so
-# (deploy/test.sh); rustc's own warnings on the other targets fail deploy/test.sh too.
+# clippy-driver turns MIR optimisations off. Findings are errors (CLIPPY_ARGS, set beside the
+# wrapper); rustc's warnings on the other targets fail deploy/test.sh at its end.
 rustc="$1"
 shift
 for arg; do
