@@ -183,6 +183,7 @@ ha_write_configs() {
             REST_PORT="$(ha_port "$BASE" rest "$n")" PG_PORT="$(ha_port "$BASE" pg "$n")" \
             ETCD_HOSTS="$etcd_hosts" PG_BIN="$(dirname "$(pg_bin postgres)")" SHARED_BUFFERS="$HA_SHARED_BUFFERS" \
             ARCHIVE_MODE="$archive_mode" ARCHIVE_COMMAND="$archive_command" RESTORE_COMMAND="$restore_command"
+        cp "$HA_TEMPLATES/replay-yields.sh" "$node/replay-yields.sh"
         { echo "bootstrap:"; echo "  dcs:"; ha_dcs | sed -e '/^#/d' -e '/^ *$/d' -e 's/^/    /'; } >>"$node/patroni.yml"
         [ "$(id -u)" = 0 ] && chown -R "$user:" "$node"
         chmod 700 "$node"
