@@ -620,27 +620,34 @@ async fn the_primary_s_postgresql_crashed_under_traffic_writes_again_within_15_s
     assert!(checked.await.is_ok(), "within {patience:?} after {old} rejoined: {last}");
 }
 
-/// The niceness and title of each process of node `node`'s PostgreSQL (its postmaster's
-/// children).
+/// The niceness and title of node `node`'s postmaster, then of each of its children.
 fn server_processes(layout: &HaLayout, node: u16) -> Vec<(i32, String)> {
     let pid_file = layout.dir.join(format!("ha/node-{node}/data/postmaster.pid"));
     let Some(postmaster) = std::fs::read_to_string(pid_file).ok().and_then(|s| s.lines().next().map(str::to_owned))
     else {
         return Vec::new();
     };
-    let listed = Command::new("ps").args(["-o", "ni=,args=", "--ppid", postmaster.trim()]).output();
-    let listed = listed.unwrap_or_else(|e| panic!("ps: {e}"));
-    String::from_utf8_lossy(&listed.stdout)
-        .lines()
-        .filter_map(|line| {
-            let (nice, title) = line.trim_start().split_once(' ')?;
-            Some((nice.parse().ok()?, title.trim().to_owned()))
-        })
-        .collect()
+    let postmaster = postmaster.trim();
+    let list = |selection: &str| {
+        let listed = Command::new("ps").args(["-o", "ni=,args=", selection, postmaster]).output();
+        let listed = listed.unwrap_or_else(|e| panic!("ps: {e}"));
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|line| {
+                let (nice, title) = line.trim_start().split_once(' ')?;
+                Some((nice.parse().ok()?, title.trim().to_owned()))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut processes = list("-p");
+    if processes.len() == 1 {
+        processes.extend(list("--ppid"));
+    }
+    processes
 }
 
 /// deploy/ha/replay-yields.sh on every node of `cluster`: a standby's replay (its startup
-/// process) at nice 10, and every other process of the three servers at 0.
+/// process) at nice 10, and every other process of the three servers at its postmaster's.
 fn replay_yields(layout: &HaLayout, cluster: &[(String, String, String)]) -> Result<(), String> {
     if cluster.len() != 3 {
         return Err(format!("Patroni lists {cluster:?}"));
@@ -648,14 +655,17 @@ fn replay_yields(layout: &HaLayout, cluster: &[(String, String, String)]) -> Res
     for (name, role, _) in cluster {
         let node: u16 = name.trim_start_matches("node-").parse().map_err(|e| format!("{name}: {e}"))?;
         let processes = server_processes(layout, node);
-        let replay: Vec<_> = processes.iter().filter(|(_, title)| title.contains(": startup ")).collect();
-        let others = processes.iter().filter(|(_, title)| !title.contains(": startup "));
-        let lowered: Vec<_> = others.filter(|(nice, _)| *nice != 0).collect();
+        let Some(((own, _), children)) = processes.split_first() else {
+            return Err(format!("{name} ({role}): no postmaster"));
+        };
+        let replay: Vec<_> = children.iter().filter(|(_, title)| title.contains(": startup ")).collect();
+        let others = children.iter().filter(|(_, title)| !title.contains(": startup "));
+        let lowered: Vec<_> = others.filter(|(nice, _)| nice != own).collect();
         let replay_ok = match role.as_str() {
             "leader" => replay.is_empty(),
             _ => replay.len() == 1 && replay[0].0 == 10,
         };
-        if !replay_ok || !lowered.is_empty() || processes.is_empty() {
+        if !replay_ok || !lowered.is_empty() || children.is_empty() {
             return Err(format!("{name} ({role}): {processes:?}"));
         }
     }
