@@ -25,7 +25,10 @@ pub enum KeyCommand {
         #[arg(long, value_delimiter = ',', default_value = "workspace:read,conversions:write")]
         scopes: Vec<String>,
     },
+    /// Revokes the key: refused with 401 invalid_api_key from then on (within the gateways' key
+    /// cache time); prints {"id", "revoked": true}.
     Revoke {
+        /// The key's id (key_...).
         id: String,
     },
     /// Prints {"keys": [{id, scopes, created_at, revoked}]}; never a secret.

@@ -40,7 +40,9 @@ enum Command {
     Topics(topics::Args),
     /// The dead-letter topic.
     Dlq(dlq::Args),
+    /// Creates, lists, suspends, resumes and deletes workspaces.
     Workspace(workspace::Args),
+    /// Creates, lists and revokes a workspace's API keys.
     Key(key::Args),
     /// Applies request messages again from a topic (default: the requests topic). Messages
     /// already applied change nothing, nor do chunks that reached the requests topic after their
@@ -94,5 +96,26 @@ async fn execute(command: Command) -> anyhow::Result<Value> {
         Command::Replay(args) => replay::execute(args).await,
         Command::Restore(args) => restore::execute(args).await,
         Command::Erase(args) => erase::execute(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every command says what it does in its own words: one without a doc comment of its own
+    /// shows, in --help and docs/configuration.md, that of a struct flattened into it.
+    #[test]
+    fn every_command_says_what_it_does() {
+        fn check(command: &clap::Command, path: &str) {
+            for sub in command.get_subcommands().filter(|sub| sub.get_name() != "help") {
+                let path = format!("{path} {}", sub.get_name());
+                let about = sub.get_about().map(ToString::to_string).unwrap_or_default();
+                assert!(!about.is_empty() && !about.contains("[`"), "`{path}` says {about:?}");
+                check(sub, &path);
+            }
+        }
+        check(&Cli::command(), "intake-writer");
     }
 }

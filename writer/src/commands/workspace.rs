@@ -31,13 +31,21 @@ pub enum WorkspaceCommand {
         #[arg(long = "site")]
         sites: Vec<String>,
     },
+    /// Suspends the workspace: its keys are refused with 403 workspace_suspended (within the
+    /// gateways' key cache time) until it is resumed; prints {"id", "status"}.
     Suspend {
+        /// The workspace's id (ws_...).
         id: String,
     },
+    /// Ends the workspace's suspension; prints {"id", "status"}.
     Resume {
+        /// The workspace's id (ws_...).
         id: String,
     },
+    /// Marks the workspace deleted: its data stays, its keys answer 404 workspace_not_found;
+    /// prints {"id", "deleted": true}.
     Delete {
+        /// The workspace's id (ws_...).
         id: String,
     },
 }
