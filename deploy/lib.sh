@@ -281,9 +281,18 @@ LOG4J
     return 1
 }
 
-# The one broker of the quick start and the tests.
+# The one broker of the quick start and the tests, its data in KAFKA_DIR: up.sh gives each
+# PostgreSQL layout a log of its own (.intake/kafka, .intake/ha/kafka).
+KAFKA_DIR="$INTAKE_HOME/kafka"
 start_kafka() {
-    kafka_node kafka 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" standalone "$INTAKE_HOME/kafka"
+    kafka_node kafka 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" standalone "$KAFKA_DIR"
+}
+
+# kafka_runs_on DIR: the quick start's broker runs, with its data in DIR.
+kafka_runs_on() {
+    local pid
+    pid="$(cat "$RUN/kafka.pid" 2>/dev/null)" || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$1/server.properties"
 }
 
 # warm_kafka: a broker just started runs its request paths interpreted or barely compiled: right

@@ -52,6 +52,18 @@ building=$!
 trap 'kill "$building" ${warming:-} 2>/dev/null || true' EXIT
 install_packages
 
+# Each layout's database has a log of its own: a database is a function of its requests topic
+# (docs/architecture.md, "The log is the record"), and one layout's database never had what the
+# other's writers answered, which a rewind would otherwise apply to it. A broker left running
+# on the other layout's data (by deploy/test.sh after deploy/down.sh, say) is started again on
+# this one's, and the services with it.
+[ "$ha" = 0 ] || KAFKA_DIR="$INTAKE_HOME/ha/kafka"
+if [ -f "$RUN/kafka.pid" ] && port_open "$KAFKA_PORT" && ! kafka_runs_on "$KAFKA_DIR"; then
+    say "Kafka runs on the other layout's log: starting it again on this one's ($KAFKA_DIR)"
+    stop_process gateway
+    stop_process writer
+    stop_process kafka
+fi
 kafka_was_running=0
 port_open "$KAFKA_PORT" && kafka_was_running=1
 if [ "$ha" = 1 ]; then

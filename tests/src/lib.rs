@@ -231,21 +231,7 @@ impl Stack {
             writer_ops_urls: Vec::new(),
             options,
         };
-        let (partitions, replication) =
-            (stack.options.request_partitions.to_string(), stack.options.replication.to_string());
-        // Gateway i reads reply partition i + 1.
-        let reply_partitions = (stack.options.gateways.max(1) + 1).to_string();
-        stack
-            .run_writer_command(&[
-                "topics",
-                "--request-partitions",
-                &partitions,
-                "--reply-partitions",
-                &reply_partitions,
-                "--replication",
-                &replication,
-            ])
-            .unwrap_or_else(|e| panic!("creating topics: {e:#}"));
+        stack.create_topics().unwrap_or_else(|e| panic!("creating topics: {e:#}"));
         stack.gateway = stack.spawn_gateway(port, ops_port, 1);
         let mut more_ops_urls = Vec::new();
         for index in 1..stack.options.gateways {
@@ -634,7 +620,7 @@ impl Drop for Stack {
             let _ = writer.kill();
             let _ = writer.wait();
         }
-        self.delete_topics();
+        self.delete_topics(&["requests", "replies", "requests.dlq"]);
         // A failed test keeps its logs and says where; a passed one leaves nothing, so that run
         // after run does not fill /tmp (a benchmark's access logs are gigabytes), unless
         // INTAKE_KEEP_LOGS asks for them (to place a benchmark's stall in its services' logs).
@@ -647,13 +633,51 @@ impl Drop for Stack {
 }
 
 impl Stack {
-    /// Deletes the stack's topics, so that a broker that serves test run after test run does not
-    /// pile up thousands of partitions. Bounded: a broker that does not answer keeps them.
-    fn delete_topics(&self) {
+    /// `intake-writer topics` for the stack's topics (created where missing).
+    fn create_topics(&self) -> Result<Value> {
+        let (partitions, replication) =
+            (self.options.request_partitions.to_string(), self.options.replication.to_string());
+        // Gateway i reads reply partition i + 1.
+        let reply_partitions = (self.options.gateways.max(1) + 1).to_string();
+        self.run_writer_command(&[
+            "topics",
+            "--request-partitions",
+            &partitions,
+            "--reply-partitions",
+            &reply_partitions,
+            "--replication",
+            &replication,
+        ])
+    }
+
+    /// Deletes the stack's requests topic and creates it again, empty, as a new Kafka cluster's
+    /// would be. Kafka deletes a topic in the background: it is created again once it is gone.
+    pub async fn make_requests_topic_again(&self) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let topic = format!("{}.requests", self.topic_prefix);
+        self.delete_topics(&["requests"]);
+        let brokers = self.options.kafka_brokers.clone().unwrap_or_else(|| env("INTAKE_KAFKA_BROKERS"));
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .unwrap_or_else(|e| panic!("consumer: {e}"));
+        let gone = || {
+            let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(5));
+            let exists =
+                metadata.is_ok_and(|m| m.topics().iter().any(|t| t.error().is_none() && !t.partitions().is_empty()));
+            std::future::ready(!exists)
+        };
+        wait_until("the requests topic deleted", Duration::from_secs(30), gone).await;
+        self.create_topics().unwrap_or_else(|e| panic!("creating the requests topic again: {e:#}"));
+    }
+
+    /// Deletes the stack's topics of these names (after its prefix), so that a broker that
+    /// serves test run after test run does not pile up thousands of partitions. Bounded: a broker
+    /// that does not answer keeps them.
+    fn delete_topics(&self, names: &[&str]) {
         use rdkafka::admin::{AdminClient, AdminOptions};
         let brokers = self.options.kafka_brokers.clone().unwrap_or_else(|| env("INTAKE_KAFKA_BROKERS"));
-        let topics: Vec<String> =
-            ["requests", "replies", "requests.dlq"].iter().map(|t| format!("{}.{t}", self.topic_prefix)).collect();
+        let topics: Vec<String> = names.iter().map(|t| format!("{}.{t}", self.topic_prefix)).collect();
         let deleting = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
             let Ok(admin) = rdkafka::ClientConfig::new().set("bootstrap.servers", &brokers).create::<AdminClient<_>>()

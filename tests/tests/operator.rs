@@ -416,3 +416,57 @@ async fn replay_says_what_it_would_do_and_refuses_a_start_the_topic_no_longer_ho
     assert!(gap["missing_ms"].as_i64().is_some_and(|ms| ms > 0), "{accepted}");
     assert_eq!(stored_count(&db, &key.workspace_id).await, 3);
 }
+
+/// A requests topic made again (a new Kafka cluster, a topic deleted and created, the quick
+/// start's other layout) starts below the database's positions, which were read from another
+/// log: every write to the new one is applied and answered, none taken for one answered before.
+#[tokio::test]
+async fn a_requests_topic_made_again_below_the_database_s_position_is_read_from_its_start() {
+    let mut stack = Stack::start().await;
+    let key = stack.workspace();
+    for _ in 0..4 {
+        assert_eq!(stack.post("/v1/conversions", &key, &conversion("lead")).await.status, 201);
+    }
+    let db = database().await;
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let partition = i32::try_from(stack.request_partition(&key.workspace_id)).unwrap_or_default();
+    let position = || async {
+        sqlx::query_scalar::<_, i64>("SELECT next_offset FROM log_positions WHERE topic = $1 AND partition = $2")
+            .bind(&topic)
+            .bind(partition)
+            .fetch_optional(&db)
+            .await
+            .ok()
+            .flatten()
+    };
+    wait_until("the position past the four writes recorded", Duration::from_secs(10), || async {
+        position().await == Some(4)
+    })
+    .await;
+
+    stack.stop_writers(true);
+    stack.make_requests_topic_again().await;
+    stack.start_writer();
+    let mut sent = Vec::new();
+    for _ in 0..2 {
+        let conversion = conversion("lead");
+        let reply = stack.post("/v1/conversions", &key, &conversion).await;
+        assert_eq!(reply.status, 201, "a write to the new log is answered: {}", reply.body);
+        sent.push(conversion);
+    }
+    for conversion in &sent {
+        let stored: Option<String> =
+            sqlx::query_scalar("SELECT id FROM conversions WHERE workspace_id = $1 AND external_id = $2")
+                .bind(&key.workspace_id)
+                .bind(conversion["external_id"].as_str().unwrap_or_default())
+                .fetch_optional(&db)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(stored.is_some(), "stored: {conversion}");
+    }
+    // The position is this log's now, so that no later rewind skips what lies below the old one.
+    wait_until("the position of the new log recorded", Duration::from_secs(10), || async {
+        position().await == Some(2)
+    })
+    .await;
+}

@@ -174,6 +174,21 @@ pub async fn seed(pool: &PgPool, topic: &str, offsets: &[(i32, i64)]) -> Result<
     Ok(())
 }
 
+/// Sets a partition's position to `next`, also below the one recorded: for a position of
+/// another log (`rewind::start`), which no later recording would otherwise bring down.
+pub async fn replace(pool: &PgPool, topic: &str, partition: i32, next: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO log_positions (topic, partition, next_offset) VALUES ($1, $2, $3)
+         ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset, recorded_at = now()",
+    )
+    .bind(topic)
+    .bind(partition)
+    .bind(next)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The database's positions of these partitions of `topic`; a partition it has none of is
 /// missing (a topic it never applied, or a database from before positions were kept).
 pub async fn load(pool: &PgPool, topic: &str, partitions: &[i32]) -> Result<HashMap<i32, i64>, sqlx::Error> {

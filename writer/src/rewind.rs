@@ -44,21 +44,39 @@ pub struct Start {
     pub lost: i64,
     /// Messages below what was answered that are read again.
     pub again: i64,
+    /// The database's position lies past the end of the partition: it was read from another
+    /// log, and is replaced by this start's.
+    pub another_log: bool,
+}
+
+/// The offsets a partition holds: its oldest, and its end (the next message's).
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    pub oldest: i64,
+    pub end: i64,
 }
 
 /// Decides a partition's start from the database's position, Kafka's committed offset, how far
-/// this writer answered it, and the oldest offset the topic still holds: the database's
-/// position when it has one (below it every message was answered from the database, and the
-/// messages from it on are applied again if the database lacks them), else Kafka's.
-pub fn start(database: Option<i64>, committed: Option<i64>, answered: Option<i64>, oldest: i64) -> Start {
+/// this writer answered it, and the offsets the topic holds: the database's position when it
+/// has one (below it every message was answered from the database, and the messages from it on
+/// are applied again if the database lacks them), else Kafka's.
+///
+/// An offset past the partition's end was not read from this log: the topic was made again (a
+/// new cluster, a topic deleted and created, the quick start's other layout) or lost its tail.
+/// No message of this log was answered at it, so it is ignored: otherwise the messages below
+/// it would be applied without an answer, or skipped.
+pub fn start(database: Option<i64>, committed: Option<i64>, answered: Option<i64>, held: Held) -> Start {
+    let of_this_log = |offset: Option<i64>| offset.filter(|&offset| offset <= held.end);
+    let another_log = database.is_some_and(|position| position > held.end);
+    let (database, committed, answered) = (of_this_log(database), of_this_log(committed), of_this_log(answered));
     let answered_below = [database, committed, answered].into_iter().flatten().max();
     let Some(position) = database.or(committed) else {
-        return Start { seek: Offset::Beginning, answered_below, lost: 0, again: 0 };
+        return Start { seek: Offset::Beginning, answered_below, lost: 0, again: 0, another_log };
     };
-    let lost = (oldest - position).max(0);
-    let from = position.max(oldest);
+    let lost = (held.oldest - position).max(0);
+    let from = position.max(held.oldest);
     let again = answered_below.map_or(0, |below| (below - from).max(0));
-    Start { seek: Offset::Offset(from), answered_below, lost, again }
+    Start { seek: Offset::Offset(from), answered_below, lost, again, another_log }
 }
 
 pub struct Rewinder<C: ConsumerContext + 'static> {
@@ -158,10 +176,26 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
         generation: u64,
     ) -> anyhow::Result<()> {
         let topic = self.topic.clone();
-        let oldest =
-            self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?.0;
+        let (oldest, end) =
+            self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?;
+        let held = Held { oldest, end };
         let answered = self.positions.furthest_answered(partition);
-        let start = start(position, committed.get(&partition).copied(), answered, oldest);
+        let start = start(position, committed.get(&partition).copied(), answered, held);
+        if start.another_log {
+            let from = match start.seek {
+                Offset::Offset(offset) => offset,
+                _ => oldest,
+            };
+            tracing::warn!(
+                partition,
+                database_position = position,
+                end,
+                from,
+                "the database's position is past the end of the requests topic, a log it never read \
+                 (the topic made again, or its tail lost): reading this one from its start"
+            );
+            positions::replace(&self.pool, &self.topic, partition, from).await?;
+        }
         let topic = self.topic.clone();
         // Refused until the partition's fetch has started (just after its assignment): the next
         // poll tries again.
@@ -213,15 +247,20 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
 mod tests {
     use super::*;
 
+    /// A partition that holds its offsets from `oldest` to 1,000.
+    fn held(oldest: i64) -> Held {
+        Held { oldest, end: 1_000 }
+    }
+
     #[test]
     fn a_database_behind_the_committed_offset_is_read_again_from_its_own_position() {
         assert_eq!(
-            start(Some(40), Some(100), Some(90), 0),
-            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60 }
+            start(Some(40), Some(100), Some(90), held(0)),
+            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60, another_log: false }
         );
         assert_eq!(
-            start(Some(40), Some(90), Some(100), 0),
-            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60 },
+            start(Some(40), Some(90), Some(100), held(0)),
+            Start { seek: Offset::Offset(40), answered_below: Some(100), lost: 0, again: 60, another_log: false },
             "what this writer answered past the commit is not answered twice"
         );
     }
@@ -229,13 +268,13 @@ mod tests {
     #[test]
     fn a_database_at_or_past_the_committed_offset_is_read_from_its_position_all_the_same() {
         assert_eq!(
-            start(Some(100), Some(100), None, 0),
-            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0 },
+            start(Some(100), Some(100), None, held(0)),
+            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0, another_log: false },
             "sought all the same: what was read while the rewind waited was dropped"
         );
         assert_eq!(
-            start(Some(120), Some(100), None, 0),
-            Start { seek: Offset::Offset(120), answered_below: Some(120), lost: 0, again: 0 },
+            start(Some(120), Some(100), None, held(0)),
+            Start { seek: Offset::Offset(120), answered_below: Some(120), lost: 0, again: 0, another_log: false },
             "below the database's position everything was answered"
         );
     }
@@ -243,20 +282,40 @@ mod tests {
     #[test]
     fn without_a_position_in_the_database_reading_starts_at_kafkas_offset_or_the_beginning() {
         assert_eq!(
-            start(None, Some(100), None, 0),
-            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0 }
+            start(None, Some(100), None, held(0)),
+            Start { seek: Offset::Offset(100), answered_below: Some(100), lost: 0, again: 0, another_log: false }
         );
         assert_eq!(
-            start(None, None, None, 0),
-            Start { seek: Offset::Beginning, answered_below: None, lost: 0, again: 0 }
+            start(None, None, None, held(0)),
+            Start { seek: Offset::Beginning, answered_below: None, lost: 0, again: 0, another_log: false }
         );
     }
 
     #[test]
     fn what_the_topic_no_longer_holds_is_counted_lost_and_reading_starts_at_its_oldest() {
         assert_eq!(
-            start(Some(40), Some(100), None, 55),
-            Start { seek: Offset::Offset(55), answered_below: Some(100), lost: 15, again: 45 }
+            start(Some(40), Some(100), None, held(55)),
+            Start { seek: Offset::Offset(55), answered_below: Some(100), lost: 15, again: 45, another_log: false }
+        );
+    }
+
+    #[test]
+    fn a_position_past_the_end_of_the_partition_is_of_another_log_and_reading_starts_at_its_beginning() {
+        let made_again = Held { oldest: 0, end: 3 };
+        assert_eq!(
+            start(Some(648), None, None, made_again),
+            Start { seek: Offset::Beginning, answered_below: None, lost: 0, again: 0, another_log: true },
+            "the three messages the new log holds are applied and answered"
+        );
+        assert_eq!(
+            start(Some(648), Some(2), Some(700), made_again),
+            Start { seek: Offset::Offset(2), answered_below: Some(2), lost: 0, again: 0, another_log: true },
+            "Kafka's committed offset, of this log, still counts"
+        );
+        assert_eq!(
+            start(Some(3), Some(3), None, made_again),
+            Start { seek: Offset::Offset(3), answered_below: Some(3), lost: 0, again: 0, another_log: false },
+            "a position at the end is of this log"
         );
     }
 }
