@@ -28,6 +28,9 @@ use std::time::Duration;
 const POLL: Duration = Duration::from_millis(100);
 /// A bound on each of Kafka's answers a rewind waits for.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a partition's end must stay behind the database's position before the position is
+/// taken for another log's: a new leader's end trails for a replica fetch (at most 500 ms).
+const ANOTHER_LOG_RECHECK: Duration = Duration::from_secs(2);
 
 /// Per partition: the offset below which messages were answered before the last rewind.
 pub type AnsweredBelow = Arc<Mutex<HashMap<i32, i64>>>;
@@ -144,13 +147,14 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             );
             positions::seed(&self.pool, &self.topic, &unknown).await?;
         }
+        let held = self.held(partitions, &database).await?;
         // Resumed together at the end (a seek waits for the partitions' broker thread, which a
         // partition resumed early keeps in its fetch's long poll), and on an error too: a
         // partition rewound stays rewound, and the next round looks only at those still waiting.
         let mut done = Vec::with_capacity(partitions.len());
         let mut rewound = Ok(());
-        for &partition in partitions {
-            rewound = self.rewind_one(partition, database.get(&partition).copied(), &committed, generation).await;
+        for (&partition, held) in partitions.iter().zip(held) {
+            rewound = self.rewind_one(partition, database.get(&partition).copied(), &committed, held, generation).await;
             if rewound.is_err() {
                 break;
             }
@@ -173,23 +177,20 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
         partition: i32,
         position: Option<i64>,
         committed: &HashMap<i32, i64>,
+        held: Held,
         generation: u64,
     ) -> anyhow::Result<()> {
-        let topic = self.topic.clone();
-        let (oldest, end) =
-            self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?;
-        let held = Held { oldest, end };
         let answered = self.positions.furthest_answered(partition);
         let start = start(position, committed.get(&partition).copied(), answered, held);
         if start.another_log {
             let from = match start.seek {
                 Offset::Offset(offset) => offset,
-                _ => oldest,
+                _ => held.oldest,
             };
             tracing::warn!(
                 partition,
                 database_position = position,
-                end,
+                end = held.end,
                 from,
                 "the database's position is past the end of the requests topic, a log it never read \
                  (the topic made again, or its tail lost): reading this one from its start"
@@ -207,7 +208,7 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             tracing::error!(
                 partition,
                 database_position = position,
-                oldest_in_topic = oldest,
+                oldest_in_topic = held.oldest,
                 lost = start.lost,
                 "the requests topic no longer holds messages the database lacks: they are lost (deploy/RUNBOOK.md, \"A rewind found messages gone\")"
             );
@@ -231,6 +232,35 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             list.add_partition_offset(&self.topic, partition, offset(partition))?;
         }
         Ok(list)
+    }
+
+    /// The offsets each partition holds. A partition's new leader can report an end behind its
+    /// old leader's for a moment, until its followers fetch again: where the database's position
+    /// is past a partition's end, the end is read again after [`ANOTHER_LOG_RECHECK`], so that
+    /// only an end that stays behind makes the position another log's.
+    async fn held(&self, partitions: &[i32], database: &HashMap<i32, i64>) -> anyhow::Result<Vec<Held>> {
+        let mut held = Vec::with_capacity(partitions.len());
+        for &partition in partitions {
+            held.push(self.held_now(partition).await?);
+        }
+        let past_end =
+            |partition: &i32, held: &Held| database.get(partition).is_some_and(|&position| position > held.end);
+        if partitions.iter().zip(&held).any(|(partition, held)| past_end(partition, held)) {
+            tokio::time::sleep(ANOTHER_LOG_RECHECK).await;
+            for (partition, held) in partitions.iter().zip(held.iter_mut()) {
+                if past_end(partition, held) {
+                    *held = self.held_now(*partition).await?;
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    async fn held_now(&self, partition: i32) -> anyhow::Result<Held> {
+        let topic = self.topic.clone();
+        let (oldest, end) =
+            self.blocking(move |consumer| consumer.fetch_watermarks(&topic, partition, KAFKA_TIMEOUT)).await?;
+        Ok(Held { oldest, end })
     }
 
     /// One of librdkafka's blocking calls, off the runtime's threads.
