@@ -59,6 +59,14 @@ pub struct Held {
     pub end: i64,
 }
 
+impl Held {
+    /// Whether an offset read from this partition can be: at most its end. One past it was
+    /// read from another log.
+    fn reaches(&self, offset: i64) -> bool {
+        offset <= self.end
+    }
+}
+
 /// Decides a partition's start from the database's position, Kafka's committed offset, how far
 /// this writer answered it, and the offsets the topic holds: the database's position when it
 /// has one (below it every message was answered from the database, and the messages from it on
@@ -69,8 +77,8 @@ pub struct Held {
 /// No message of this log was answered at it, so it is ignored: otherwise the messages below
 /// it would be applied without an answer, or skipped.
 pub fn start(database: Option<i64>, committed: Option<i64>, answered: Option<i64>, held: Held) -> Start {
-    let of_this_log = |offset: Option<i64>| offset.filter(|&offset| offset <= held.end);
-    let another_log = database.is_some_and(|position| position > held.end);
+    let of_this_log = |offset: Option<i64>| offset.filter(|&offset| held.reaches(offset));
+    let another_log = database.is_some_and(|position| !held.reaches(position));
     let (database, committed, answered) = (of_this_log(database), of_this_log(committed), of_this_log(answered));
     let answered_below = [database, committed, answered].into_iter().flatten().max();
     let Some(position) = database.or(committed) else {
@@ -244,7 +252,7 @@ impl<C: ConsumerContext + 'static> Rewinder<C> {
             held.push(self.held_now(partition).await?);
         }
         let past_end =
-            |partition: &i32, held: &Held| database.get(partition).is_some_and(|&position| position > held.end);
+            |partition: &i32, held: &Held| database.get(partition).is_some_and(|&position| !held.reaches(position));
         if partitions.iter().zip(&held).any(|(partition, held)| past_end(partition, held)) {
             tokio::time::sleep(ANOTHER_LOG_RECHECK).await;
             for (partition, held) in partitions.iter().zip(held.iter_mut()) {
