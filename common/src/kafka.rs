@@ -143,6 +143,34 @@ fn refuse_incremental(config: &ClientConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// The writer's re-reader of `intake.requests`: reads a partition again, outside the group,
+/// for the workspaces its group consumer passed over (writer/src/reread.rs). Never commits: the
+/// group consumer's stored offsets stay below what it has not read again.
+pub fn writer_rereader(args: &KafkaArgs) -> ClientConfig {
+    let session_ms = WRITER_SESSION_TIMEOUT.as_millis().to_string();
+    config(
+        args,
+        &[
+            // Required by librdkafka for a consumer handle; no group is joined (assign only).
+            ("group.id", "intake-writer-reread"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            // The operator's options reach it too: with the group consumer's session timeout, a
+            // `max.poll.interval.ms` valid for that one is valid for this one.
+            ("session.timeout.ms", &session_ms),
+            ("socket.nagle.disable", "true"),
+            // What it fetches ahead is memory outside the read budget, as the group consumer's:
+            // bounded the same way, smaller, as it reads one or two partitions at a time.
+            ("queued.max.messages.kbytes", "2048"),
+            ("queued.min.messages", "1000"),
+            ("fetch.max.bytes", "1048576"),
+            ("max.partition.fetch.bytes", "1048576"),
+            ("fetch.queue.backoff.ms", "50"),
+            ("fetch.wait.max.ms", "100"),
+        ],
+    )
+}
+
 /// The writer's producer of replies (`intake.replies`) and dead letters (`intake.requests.dlq`).
 pub fn writer_producer(args: &KafkaArgs) -> ClientConfig {
     config(
@@ -233,6 +261,15 @@ mod tests {
             assert!(writer_consumer(&args(&[("partition.assignment.strategy", eager)]), "g", "c").is_ok());
         }
         assert!(writer_consumer(&args(&[("group.protocol", "classic")]), "g", "c").is_ok());
+    }
+
+    #[test]
+    fn the_writers_re_reader_accepts_the_options_its_group_consumer_accepts() {
+        use rdkafka::consumer::BaseConsumer;
+        let a = args(&[("max.poll.interval.ms", "10000")]);
+        let group = writer_consumer(&a, "g", "c").unwrap_or_else(|e| panic!("{e}"));
+        assert!(group.create::<BaseConsumer>().is_ok());
+        assert!(writer_rereader(&a).create::<BaseConsumer>().is_ok(), "one writer, one set of options");
     }
 
     #[test]

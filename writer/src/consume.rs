@@ -6,7 +6,8 @@
 //! partition's offset up to its lowest message not yet finished. A workspace's messages keep
 //! their order; a workspace that is stuck or slow holds up only itself. What is read and not
 //! yet answered is held within a byte budget; past it, reading pauses and Kafka keeps the
-//! backlog. Delivery is at least once; `applied_messages` makes a redelivery harmless. Every
+//! backlog, and a workspace beyond its share of it is passed over and read again later
+//! (`reread.rs`). Delivery is at least once; `applied_messages` makes a redelivery harmless. Every
 //! failure goes through the one retry policy of `retry.rs`.
 
 use crate::apply::{Failpoint, Signals, Worker};
@@ -16,6 +17,7 @@ use crate::metrics::{self, Metrics};
 use crate::outbox::Outbox;
 use crate::positions::Positions;
 use crate::read::Reader;
+use crate::reread::Rereader;
 use crate::retry::Policy;
 use crate::rewind::{AnsweredBelow, Rewinder};
 use crate::schedule::Scheduler;
@@ -225,6 +227,17 @@ pub async fn run(
         }
         .run(),
     );
+    let rereader: StreamConsumer<QuietContext> =
+        kafka::writer_rereader(&settings.kafka).create_with_context(QuietContext::default())?;
+    let rereader = tokio::spawn(
+        Rereader {
+            consumer: rereader,
+            topic: settings.kafka.requests_topic.clone(),
+            partitions: partitions.clone(),
+            scheduler: scheduler.clone(),
+        }
+        .run(shutdown.clone()),
+    );
     let worker_count = settings.workers.max(1);
     tracing::info!(
         topic = %settings.kafka.requests_topic,
@@ -264,6 +277,10 @@ pub async fn run(
     observer.abort();
     watcher.abort();
     rewinder.abort();
+    // It holds the consumer too (through `partitions`): gone before the group is left below,
+    // or the consumer would outlive `leave_group` and the group wait out the session timeout.
+    rereader.abort();
+    let _ = rereader.await;
     // What was answered last is recorded once more; a position missed only reads more again.
     recorder.abort();
     let _ = positions.record(&pool, || health.assignment_generation()).await;
@@ -295,13 +312,14 @@ async fn supervise(worker: Arc<Worker>, signals: Signals, restarts: Counter) {
     }
 }
 
-/// Keeps the scheduler's gauges current: backlog, its bytes, paused partitions, waiting
-/// workspaces.
+/// Keeps the scheduler's gauges current: backlog, its bytes, paused partitions, workspaces
+/// passed over, waiting workspaces.
 async fn watch_scheduler(scheduler: Arc<Scheduler<Inbound>>, metrics: Arc<Metrics>) {
     loop {
         metrics.backlog.set(i64::try_from(scheduler.backlog()).unwrap_or(i64::MAX));
         metrics.backlog_bytes.set(i64::try_from(scheduler.held_bytes()).unwrap_or(i64::MAX));
         metrics.paused_partitions.set(i64::try_from(scheduler.paused_partitions()).unwrap_or(i64::MAX));
+        metrics.passed_over_workspaces.set(i64::try_from(scheduler.passed_over()).unwrap_or(i64::MAX));
         metrics.workspace_waiting_seconds.clear();
         for (workspace_id, waited) in scheduler.waiting() {
             let seconds = i64::try_from(waited.as_secs()).unwrap_or(i64::MAX);

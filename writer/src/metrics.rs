@@ -67,8 +67,11 @@ pub struct Metrics {
     pub workspace_waiting_seconds: Family<Workspace, Gauge>,
     /// Messages read and not yet answered, all workspaces together.
     pub backlog: Gauge,
-    /// Partitions paused by the read budget or by a workspace beyond its share of it.
+    /// Partitions paused by the read budget.
     pub paused_partitions: Gauge,
+    /// Workspaces beyond their share of the read budget, whose messages are left in Kafka to
+    /// be read again.
+    pub passed_over_workspaces: Gauge,
     /// Bytes of the messages read and not yet answered (their estimated parsed size), and the
     /// budget they are held within.
     pub backlog_bytes: Gauge,
@@ -160,7 +163,12 @@ impl Metrics {
             backlog: r.register("backlog", "Messages read and not yet answered", Gauge::default()),
             paused_partitions: r.register(
                 "paused_partitions",
-                "Partitions paused by the read budget or a workspace beyond its share",
+                "Partitions paused by the read budget",
+                Gauge::default(),
+            ),
+            passed_over_workspaces: r.register(
+                "passed_over_workspaces",
+                "Workspaces beyond their share of the read budget, their messages left in Kafka to read again",
                 Gauge::default(),
             ),
             backlog_bytes: r.register(

@@ -1,12 +1,13 @@
 //! The reader: one task reads the requests topic and hands each message, parsed once, to the
 //! scheduler under its workspace. It answers nothing itself and waits on neither PostgreSQL nor
 //! a produce: what a message needs (an apply, an expired or failed answer, a dead letter) a
-//! worker does, in its workspace's order. When the scheduler says the budget or a workspace's
-//! share is reached, the reader pauses those partitions, and it keeps polling while they are.
+//! worker does, in its workspace's order. When the scheduler says the budget is reached, the
+//! reader pauses the partitions, and it keeps polling while they are; a workspace beyond its
+//! share is passed over, and its messages are read again later (`reread.rs`).
 
 use crate::inbox::{Admission, Inbound, Partitions};
 use crate::retry::shutdown_asked;
-use crate::schedule::{Queued, Scheduler};
+use crate::schedule::{Pushed, Queued, Scheduler};
 use intake_common::kafka_errors::ConsumeErrors;
 use rdkafka::consumer::{ConsumerContext, StreamConsumer};
 use rdkafka::message::Message;
@@ -77,16 +78,23 @@ impl Reader {
         inbound.answered_before = answered_before;
         let workspace_id = inbound.workspace_id().to_owned();
         let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
-        let pause = self.scheduler.push(&workspace_id, queued);
-        if !pause.is_empty() {
-            let held_bytes = self.scheduler.held_bytes();
-            tracing::warn!(
-                ?pause,
-                workspace_id,
-                held_bytes,
-                "read budget or a workspace's share reached; partitions paused"
-            );
-            self.apply_pauses();
+        match self.scheduler.push(&workspace_id, queued) {
+            Pushed::Queued { pause } if !pause.is_empty() => {
+                let held_bytes = self.scheduler.held_bytes();
+                tracing::warn!(?pause, held_bytes, "read budget reached; partitions paused");
+                self.apply_pauses();
+            }
+            Pushed::PassedOver => {
+                let held_bytes = self.scheduler.held_bytes();
+                tracing::warn!(
+                    workspace_id,
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    held_bytes,
+                    "a workspace is beyond its share of the read budget: its messages are left in Kafka and read again once it has caught up"
+                );
+            }
+            Pushed::Queued { .. } | Pushed::LeftInKafka => {}
         }
     }
 }

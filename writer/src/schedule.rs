@@ -9,14 +9,16 @@
 //!
 //! Memory (docs/architecture.md, "Memory"): what is read and not yet answered is held within a
 //! byte budget. At the budget every partition read is paused, until the held bytes are down to
-//! three quarters of it. Past half the budget each workspace may hold its fair share, the budget
-//! over the workspaces holding messages plus one; a workspace beyond it pauses its own partition
-//! until it is down to half its share. Below half the budget nobody is held back: a stuck
-//! workspace alone takes at most about half, and its neighbours on other partitions go on.
+//! three quarters of what the stuck workspaces leave of it. Past half the budget each workspace
+//! may hold its fair share, the budget over the workspaces holding messages plus one; a
+//! workspace beyond it is passed over: its further messages are left in Kafka (a *spill*), and
+//! its partition reads on for its neighbours. Once it is down to half its share its partition is
+//! read again from its first message left (`reread.rs`) until it has caught up with the reader.
+//! Below half the budget nobody is held back. No workspace, stuck or slow, pauses a partition.
 //!
 //! Generic over the message, so that the rules are tested without Kafka.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -26,6 +28,10 @@ use tokio::time::Instant;
 const FIRST_PARK: Duration = Duration::from_millis(25);
 /// Bounds the time between a held lock's release and the workspace's next try.
 const MAX_PARK: Duration = Duration::from_millis(500);
+/// A workspace that gave up what it held at the budget, waiting for its lock, is read again
+/// after this, one message at a time until one is answered: each time the budget fills it costs
+/// a message read again, not its share.
+const STUCK_RETRY: Duration = Duration::from_secs(1);
 
 pub struct Queued<M> {
     pub partition: i32,
@@ -55,6 +61,24 @@ impl<M> Group<M> {
     }
 }
 
+/// What became of a message read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued for its workspace; these partitions are to be paused (the budget is reached).
+    Queued { pause: Vec<i32> },
+    /// Its workspace is beyond its share: it, and the workspace's messages after it, are left
+    /// in Kafka and read again later.
+    PassedOver,
+    /// Its workspace was passed over before: read again later with the others.
+    LeftInKafka,
+}
+
+impl Pushed {
+    fn queued() -> Self {
+        Pushed::Queued { pause: Vec::new() }
+    }
+}
+
 /// What the caller does after a group is finished.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Afterwards {
@@ -71,6 +95,8 @@ pub struct Scheduler<M> {
     /// The partitions paused in the consumer, as last applied.
     applied_pauses: Mutex<BTreeSet<i32>>,
     wake: Notify,
+    /// Tells the re-reader that what it is to read changed.
+    read_again: Notify,
     budget: usize,
     max_group: usize,
 }
@@ -81,8 +107,10 @@ struct State<M> {
     /// Workspaces with messages, neither taken nor parked, in the order they became ready.
     ready: VecDeque<String>,
     partitions: HashMap<i32, Offsets>,
-    /// Paused partitions, and why.
-    paused: HashMap<i32, Pause>,
+    /// Partitions paused by the budget.
+    paused: BTreeSet<i32>,
+    /// Workspaces passed over: their messages from there on are in Kafka only.
+    spills: HashMap<String, Spill>,
     /// Bytes of the messages in the queues, and of those in workers' hands.
     queued_bytes: usize,
     taken_bytes: usize,
@@ -96,19 +124,42 @@ impl<M> State<M> {
     fn held(&self) -> usize {
         self.queued_bytes + self.taken_bytes
     }
+
+    /// The offset up to which `partition` is finished: below its lowest message held and not
+    /// finished, and below the first message left in Kafka of each workspace passed over.
+    fn committable(&self, partition: i32) -> Option<i64> {
+        let offsets = self.partitions.get(&partition)?;
+        let left = self.spills.values().filter(|s| s.partition == partition).map(|s| s.next).min();
+        Some(offsets.committable().min(left.unwrap_or(i64::MAX)))
+    }
 }
 
-#[derive(Default)]
-struct Pause {
-    /// By the whole budget.
-    full: bool,
-    /// By these workspaces, each beyond its share.
-    workspaces: HashSet<String>,
+/// A workspace passed over: every message of it below `next` is queued or finished; those from
+/// `next` on are in Kafka only.
+#[derive(Debug)]
+struct Spill {
+    partition: i32,
+    next: i64,
+    /// What its message at `next` costs, once read: it is read again when that would be taken.
+    bytes: usize,
+    /// Its partition is read again from `next` for it: it is down to half its share.
+    again: bool,
+    /// It gave up what it held at the budget while waiting for its lock.
+    stuck: Option<Stuck>,
 }
 
-impl Pause {
-    fn is_empty(&self) -> bool {
-        !self.full && self.workspaces.is_empty()
+/// A workspace that gave up what it held at the budget: read again from `retry_at` on, one
+/// message at a time until one is answered; still waiting since `since` (for the wait bound of
+/// `health.rs` and `workspace_waiting_seconds`) until then.
+#[derive(Clone, Copy, Debug)]
+struct Stuck {
+    since: Instant,
+    retry_at: Instant,
+}
+
+impl Spill {
+    fn new<M>(left: &Queued<M>) -> Self {
+        Spill { partition: left.partition, next: left.offset, bytes: left.bytes, again: false, stuck: None }
     }
 }
 
@@ -147,7 +198,8 @@ impl<M> Scheduler<M> {
                 workspaces: HashMap::new(),
                 ready: VecDeque::new(),
                 partitions: HashMap::new(),
-                paused: HashMap::new(),
+                paused: BTreeSet::new(),
+                spills: HashMap::new(),
                 queued_bytes: 0,
                 taken_bytes: 0,
                 full: false,
@@ -155,6 +207,7 @@ impl<M> Scheduler<M> {
             }),
             applied_pauses: Mutex::new(BTreeSet::new()),
             wake: Notify::new(),
+            read_again: Notify::new(),
             budget: budget.max(1),
             max_group: max_group.max(1),
         }
@@ -178,7 +231,7 @@ impl<M> Scheduler<M> {
     /// last change left the scheduler.
     pub fn apply_pauses(&self, pause: impl FnOnce(&[i32]), resume: impl FnOnce(&[i32])) {
         let mut applied = self.applied_pauses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let wanted: BTreeSet<i32> = self.lock().paused.keys().copied().collect();
+        let wanted: BTreeSet<i32> = self.lock().paused.clone();
         let to_pause: Vec<i32> = wanted.difference(&applied).copied().collect();
         let to_resume: Vec<i32> = applied.difference(&wanted).copied().collect();
         if !to_pause.is_empty() {
@@ -210,17 +263,60 @@ impl<M> Scheduler<M> {
         state.queued_bytes = 0;
         state.full = false;
         state.paused.clear();
+        state.spills.clear();
+        self.read_again.notify_one();
     }
 
-    /// Queues a message for its workspace. Returns the partitions to pause: every one read so
-    /// far when the budget is reached, or the message's own when its workspace is beyond its
-    /// share.
-    pub fn push(&self, workspace_id: &str, queued: Queued<M>) -> Vec<i32> {
+    /// Takes a message read: queued for its workspace, or left in Kafka when its workspace is
+    /// beyond its share, or was passed over before (see [`Pushed`]).
+    pub fn push(&self, workspace_id: &str, queued: Queued<M>) -> Pushed {
         let mut state = self.lock();
-        let (partition, bytes) = (queued.partition, queued.bytes);
-        let offsets = state.partitions.entry(partition).or_default();
-        offsets.unfinished.insert(queued.offset);
+        let offsets = state.partitions.entry(queued.partition).or_default();
         offsets.next = offsets.next.max(queued.offset + 1);
+        match state.spills.get(workspace_id) {
+            Some(spill) if spill.partition == queued.partition => return Pushed::LeftInKafka,
+            // A workspace's messages all go to its key's partition. One read on another (an
+            // unreadable message keyed otherwise) is queued: left in Kafka, it would have no
+            // place in that partition's offsets, which would pass it.
+            Some(_) => return self.queue(&mut state, workspace_id, queued),
+            None => {}
+        }
+        if self.beyond_share(&state, workspace_id, queued.bytes) {
+            state.spills.insert(workspace_id.to_owned(), Spill::new(&queued));
+            return Pushed::PassedOver;
+        }
+        self.queue(&mut state, workspace_id, queued)
+    }
+
+    /// Whether `workspace_id`, holding `bytes` more, would be beyond its share: past half the
+    /// budget, more than the budget over the workspaces holding messages plus one; or, waiting
+    /// for a lock held elsewhere, at the budget. A workspace that holds nothing is never beyond
+    /// it, so that each goes on one message at a time however large.
+    fn beyond_share(&self, state: &State<M>, workspace_id: &str, bytes: usize) -> bool {
+        let Some(workspace) = state.workspaces.get(workspace_id).filter(|w| w.bytes > 0) else { return false };
+        let held = state.held() + bytes;
+        let stuck = workspace.waiting_since.is_some();
+        (stuck && held >= self.budget)
+            || (held >= self.budget / 2 && workspace.bytes + bytes >= self.share(state.workspaces.len()))
+    }
+
+    /// Whether a workspace passed over takes a message of `bytes` read again now: within its
+    /// share and the budget not full; one that gave up what it held at the budget (`stuck`),
+    /// only while it holds nothing and the budget is under half used, so that such workspaces
+    /// trying again take at most half of it together.
+    fn takes_again(&self, state: &State<M>, workspace_id: &str, stuck: bool, bytes: usize) -> bool {
+        let holds = state.workspaces.get(workspace_id).map_or(0, |w| w.bytes);
+        match (state.full, stuck) {
+            (true, _) => false,
+            (false, true) => holds == 0 && state.held() < self.budget / 2,
+            (false, false) => !self.beyond_share(state, workspace_id, bytes),
+        }
+    }
+
+    /// Queues a message for its workspace; at the budget every partition read so far is paused.
+    fn queue(&self, state: &mut State<M>, workspace_id: &str, queued: Queued<M>) -> Pushed {
+        let bytes = queued.bytes;
+        state.partitions.entry(queued.partition).or_default().unfinished.insert(queued.offset);
         state.queued_bytes += bytes;
         let workspace = state.workspaces.entry(workspace_id.to_owned()).or_insert_with(|| Workspace {
             queue: VecDeque::new(),
@@ -233,46 +329,131 @@ impl<M> Scheduler<M> {
         });
         workspace.queue.push_back(queued);
         workspace.bytes += bytes;
-        let (len, idle, workspace_bytes, stuck) = (
-            workspace.queue.len(),
-            !workspace.taken && workspace.parked_until.is_none(),
-            workspace.bytes,
-            workspace.waiting_since.is_some(),
-        );
-        if idle && len == 1 {
+        if !workspace.taken && workspace.parked_until.is_none() && workspace.queue.len() == 1 {
             state.ready.push_back(workspace_id.to_owned());
             self.wake.notify_one();
         }
-        let held = state.held();
-        let mut pause = Vec::new();
-        if !state.full && held >= self.budget && stuck {
-            // A workspace waiting for a lock held elsewhere reached the budget: it alone stops
-            // reading, until it is answered; pausing every partition for it would make its
-            // neighbours wait on each of its retries.
-            let pausing = state.paused.entry(partition).or_default();
-            if pausing.is_empty() {
-                pause.push(partition);
-            }
-            pausing.workspaces.insert(workspace_id.to_owned());
-        } else if state.full || held >= self.budget {
-            state.full = true;
-            let State { partitions, paused, .. } = &mut *state;
-            for &read in partitions.keys() {
-                let pausing = paused.entry(read).or_default();
-                if pausing.is_empty() {
-                    pause.push(read);
-                }
-                pausing.full = true;
-            }
-        } else if held >= self.budget / 2 && workspace_bytes >= self.share(state.workspaces.len()) {
-            let pausing = state.paused.entry(partition).or_default();
-            if pausing.is_empty() {
-                pause.push(partition);
-            }
-            pausing.workspaces.insert(workspace_id.to_owned());
+        if !state.full && state.held() >= self.budget {
+            Self::leave_stuck_in_kafka(state);
         }
+        if !state.full && state.held() < self.budget {
+            return Pushed::queued();
+        }
+        state.full = true;
+        let State { partitions, paused, .. } = state;
+        let mut pause: Vec<i32> = partitions.keys().copied().filter(|&read| paused.insert(read)).collect();
         pause.sort_unstable();
-        pause
+        Pushed::Queued { pause }
+    }
+
+    /// At the budget, the workspaces waiting for a lock held elsewhere give up what they hold
+    /// (all of it queued: none is in a worker's hands) and are passed over from their first
+    /// message: one stuck workspace takes at most about half the budget, but several could take
+    /// all of it for good and leave every partition paused. Each is read again after
+    /// [`STUCK_RETRY`], one message at a time until one is answered.
+    fn leave_stuck_in_kafka(state: &mut State<M>) {
+        let State { workspaces, spills, partitions, queued_bytes, .. } = state;
+        workspaces.retain(|id, workspace| {
+            let Some(first) = workspace.queue.front() else { return true };
+            let one_partition = workspace.queue.iter().all(|queued| queued.partition == first.partition)
+                && spills.get(id).is_none_or(|spill| spill.partition == first.partition);
+            if workspace.taken || workspace.waiting_since.is_none() || !one_partition {
+                return true;
+            }
+            let since = workspace.waiting_since.unwrap_or_else(Instant::now);
+            let stuck = Stuck { since, retry_at: Instant::now() + STUCK_RETRY };
+            let spill = Spill { stuck: Some(stuck), ..Spill::new(first) };
+            for queued in workspace.queue.drain(..) {
+                if let Some(offsets) = partitions.get_mut(&queued.partition) {
+                    offsets.unfinished.remove(&queued.offset);
+                }
+                *queued_bytes -= queued.bytes;
+            }
+            tracing::warn!(
+                workspace_id = id.as_str(),
+                partition = spill.partition,
+                offset = spill.next,
+                "the read budget is reached: a workspace waiting for its lock leaves its messages in Kafka"
+            );
+            spills.insert(id.clone(), spill);
+            false
+        });
+    }
+
+    /// The partitions to read again, each from the first message left in Kafka of a workspace
+    /// passed over and down to half its share, with the generation they belong to.
+    pub fn to_read_again(&self) -> (u64, BTreeMap<i32, i64>) {
+        let mut state = self.lock();
+        self.mark_to_read_again(&mut state);
+        let mut from = BTreeMap::new();
+        for spill in state.spills.values().filter(|s| s.again) {
+            let next = from.entry(spill.partition).or_insert(spill.next);
+            *next = (*next).min(spill.next);
+        }
+        (state.generation, from)
+    }
+
+    /// Waits until what is to be read again may have changed.
+    pub async fn read_again_changed(&self) {
+        self.read_again.notified().await;
+    }
+
+    /// Whether a message of `workspace_id` read again at `offset` of `partition` is one it
+    /// left in Kafka and now takes: checked before the message is parsed.
+    pub fn wants_again(&self, workspace_id: &str, partition: i32, offset: i64) -> bool {
+        let state = self.lock();
+        state.spills.get(workspace_id).is_some_and(|s| s.again && s.partition == partition && offset >= s.next)
+    }
+
+    /// Takes a message read again (of `generation`): queued if its workspace wants it and is
+    /// within its share; a workspace beyond it again (or the budget full) stops being read
+    /// again from this message on.
+    pub fn push_again(&self, generation: u64, workspace_id: &str, queued: Queued<M>) -> Pushed {
+        let mut state = self.lock();
+        if state.generation != generation {
+            return Pushed::LeftInKafka;
+        }
+        let (partition, offset) = (queued.partition, queued.offset);
+        match state.spills.get(workspace_id) {
+            Some(s) if s.again && s.partition == partition && offset >= s.next => {}
+            _ => return Pushed::LeftInKafka,
+        }
+        let stuck = state.spills.get(workspace_id).and_then(|s| s.stuck);
+        let takes = self.takes_again(&state, workspace_id, stuck.is_some(), queued.bytes);
+        let Some(spill) = state.spills.get_mut(workspace_id) else { return Pushed::LeftInKafka };
+        (spill.next, spill.bytes) = (offset, queued.bytes);
+        if !takes {
+            spill.again = false;
+            return Pushed::PassedOver;
+        }
+        spill.next = offset + 1;
+        let pushed = self.queue(&mut state, workspace_id, queued);
+        if let (Some(stuck), Some(workspace)) = (stuck, state.workspaces.get_mut(workspace_id)) {
+            workspace.waiting_since.get_or_insert(stuck.since);
+        }
+        pushed
+    }
+
+    /// The re-reader of `partition` (of `generation`) has read everything below `next`: the
+    /// workspaces read again have all their messages below it queued, and those that reached
+    /// what the reader has read are no longer passed over. Says the offset to store when this
+    /// moved the partition's.
+    pub fn read_again_to(&self, generation: u64, partition: i32, next: i64) -> Option<(i32, i64)> {
+        let mut state = self.lock();
+        if state.generation != generation {
+            return None;
+        }
+        let before = state.committable(partition)?;
+        let read = state.partitions.get(&partition).map_or(0, |o| o.next);
+        state.spills.retain(|_, spill| {
+            if spill.again && spill.partition == partition {
+                spill.next = spill.next.max(next);
+                return next < read;
+            }
+            true
+        });
+        let after = state.committable(partition)?;
+        (after > before).then_some((partition, after))
     }
 
     /// The next workspace's group: the ready one that waited longest, or a parked one whose
@@ -355,7 +536,7 @@ impl<M> Scheduler<M> {
         let Group { workspace_id, mut messages, .. } = group;
         let unanswered = messages.split_off(answered.min(messages.len()));
         let mut afterwards = Afterwards::default();
-        let State { workspaces, ready, partitions, queued_bytes, .. } = &mut *state;
+        let State { workspaces, ready, partitions, queued_bytes, spills, .. } = &mut *state;
         let Some(workspace) = workspaces.get_mut(&workspace_id) else { return afterwards };
         workspace.taken = false;
         *queued_bytes += unanswered.iter().map(|q| q.bytes).sum::<usize>();
@@ -367,10 +548,11 @@ impl<M> Scheduler<M> {
                 touched.insert(queued.partition);
             }
         }
-        afterwards.store =
-            touched.into_iter().filter_map(|p| partitions.get(&p).map(|o| (p, o.committable()))).collect();
         if !messages.is_empty() {
             workspace.panics = 0;
+            if let Some(spill) = spills.get_mut(&workspace_id) {
+                spill.stuck = None;
+            }
         }
         if unanswered.is_empty() {
             workspace.park = FIRST_PARK;
@@ -392,6 +574,7 @@ impl<M> Scheduler<M> {
             // A taker sleeping until the earliest parked time must see this one.
             self.wake.notify_one();
         }
+        afterwards.store = touched.into_iter().filter_map(|p| state.committable(p).map(|next| (p, next))).collect();
         afterwards.resume = self.resumable(&mut state);
         afterwards
     }
@@ -420,52 +603,59 @@ impl<M> Scheduler<M> {
         self.wake.notify_one();
     }
 
-    /// The paused partitions whose reasons are gone: each workspace that paused one is down to
-    /// half its share, and the budget is down to three quarters of what the stuck workspaces
-    /// leave of it. Stuck: found busy (waiting for a lock held elsewhere), or beyond its share
-    /// (its own partition paused for it). Their bytes stay until they are answered, which may be
-    /// never: counted against the whole budget, two or three of them could keep it above three
-    /// quarters for good, and every partition paused with it.
+    /// Ends the budget's pause once the held bytes are down to three quarters of what the stuck
+    /// workspaces leave of it, and marks the workspaces passed over that are down to half their
+    /// share (and no longer waiting for a lock) to be read again. Stuck: waiting for a lock held
+    /// elsewhere, or passed over. Their bytes stay until they are answered, which may be never:
+    /// counted against the whole budget, two or three of them could keep it above three
+    /// quarters for good, and every partition paused with it. Returns the partitions to resume.
     fn resumable(&self, state: &mut State<M>) -> Vec<i32> {
-        let share = self.share(state.workspaces.len());
-        let half_share = share / 2;
         let held = state.held();
-        let State { workspaces, paused, full, .. } = state;
-        for pause in paused.values_mut() {
-            pause.workspaces.retain(|id| workspaces.get(id).is_some_and(|w| w.bytes > half_share));
-        }
-        // A stuck workspace beyond its share that was read while the budget was full holds its
-        // own partition paused too: the budget's pause ending must not let it read on.
-        for (id, workspace) in workspaces.iter() {
-            let partition = workspace.queue.front().map(|queued| queued.partition);
-            if let (Some(_), Some(pause)) = (workspace.waiting_since, partition.and_then(|p| paused.get_mut(&p))) {
-                if workspace.bytes >= share {
-                    pause.workspaces.insert(id.clone());
-                }
-            }
-        }
-        let beyond_share: BTreeSet<&String> = paused.values().flat_map(|pause| pause.workspaces.iter()).collect();
-        let parked: usize = workspaces
+        let State { workspaces, paused, full, spills, .. } = state;
+        let stuck: usize = workspaces
             .iter()
-            .filter(|(id, w)| w.waiting_since.is_some() || beyond_share.contains(id))
+            .filter(|(id, w)| w.waiting_since.is_some() || spills.contains_key(*id))
             .map(|(_, w)| w.bytes)
             .sum();
-        if *full && held.saturating_sub(parked) <= self.budget.saturating_sub(parked) / 4 * 3 {
+        let mut resume = Vec::new();
+        if *full && held.saturating_sub(stuck) <= self.budget.saturating_sub(stuck) / 4 * 3 {
             *full = false;
-            for pause in paused.values_mut() {
-                pause.full = false;
+            resume = std::mem::take(paused).into_iter().collect();
+        }
+        self.mark_to_read_again(state);
+        resume
+    }
+
+    /// Marks to be read again the workspaces passed over whose next message would be taken now
+    /// (see [`Scheduler::takes_again`]): those down to half their share and no longer waiting
+    /// for a lock, and those that gave up what they held at the budget once their retry is due.
+    /// Tells the re-reader.
+    fn mark_to_read_again(&self, state: &mut State<M>) {
+        let half_share = self.share(state.workspaces.len()) / 2;
+        let now = Instant::now();
+        let marked: Vec<String> = state
+            .spills
+            .iter()
+            .filter(|(id, spill)| {
+                let (waiting, holds) =
+                    state.workspaces.get(*id).map_or((false, 0), |w| (w.waiting_since.is_some(), w.bytes));
+                let due = spill.stuck.is_none_or(|stuck| stuck.retry_at <= now);
+                !spill.again
+                    && due
+                    && !waiting
+                    && holds <= half_share
+                    && self.takes_again(state, id, spill.stuck.is_some(), spill.bytes)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &marked {
+            if let Some(spill) = state.spills.get_mut(id) {
+                spill.again = true;
             }
         }
-        let mut resume = Vec::new();
-        paused.retain(|&partition, pause| {
-            let done = pause.is_empty();
-            if done {
-                resume.push(partition);
-            }
-            !done
-        });
-        resume.sort_unstable();
-        resume
+        if !marked.is_empty() {
+            self.read_again.notify_one();
+        }
     }
 
     /// These workspaces' next groups, for `period`, are applied alone: their transaction beside
@@ -482,11 +672,11 @@ impl<M> Scheduler<M> {
     /// Workspaces waiting for a lock held elsewhere, and for how long.
     pub fn waiting(&self) -> Vec<(String, Duration)> {
         let state = self.lock();
-        state
-            .workspaces
-            .iter()
-            .filter_map(|(id, w)| w.waiting_since.map(|since| (id.clone(), since.elapsed())))
-            .collect()
+        let held = state.workspaces.iter().filter_map(|(id, w)| w.waiting_since.map(|since| (id, since)));
+        let given_up = state.spills.iter().filter_map(|(id, s)| s.stuck.map(|stuck| (id, stuck.since)));
+        let mut waiting: HashMap<&String, Instant> = given_up.collect();
+        waiting.extend(held);
+        waiting.into_iter().map(|(id, since)| (id.clone(), since.elapsed())).collect()
     }
 
     /// Messages read and not yet finished.
@@ -501,6 +691,11 @@ impl<M> Scheduler<M> {
 
     pub fn paused_partitions(&self) -> usize {
         self.lock().paused.len()
+    }
+
+    /// Workspaces passed over, whose messages from there on are left in Kafka.
+    pub fn passed_over(&self) -> usize {
+        self.lock().spills.len()
     }
 }
 
@@ -602,10 +797,11 @@ mod tests {
             [("a", 0), ("b", 1), ("c", 2), ("d", 0), ("e", 1)].into_iter().enumerate()
         {
             let offset = i64::try_from(offset).unwrap_or_default();
-            assert_eq!(scheduler.push(workspace, sized(partition, offset, 100)), Vec::<i32>::new());
+            assert_eq!(scheduler.push(workspace, sized(partition, offset, 100)), Pushed::queued());
         }
-        assert_eq!(scheduler.push("f", sized(2, 5, 500)), vec![0, 1, 2], "every partition read so far");
-        assert_eq!(scheduler.push("g", sized(7, 0, 10)), vec![7], "a partition first read while full pauses too");
+        assert_eq!(scheduler.push("f", sized(2, 5, 500)), queued_pausing(&[0, 1, 2]), "every partition read so far");
+        let first_read_while_full = scheduler.push("g", sized(7, 0, 10));
+        assert_eq!(first_read_while_full, queued_pausing(&[7]), "a partition first read while full pauses too");
         assert_eq!((scheduler.held_bytes(), scheduler.paused_partitions()), (1_010, 4));
         for held in [910, 810] {
             assert_eq!(scheduler.take().await.finish(usize::MAX).resume, Vec::<i32>::new());
@@ -615,79 +811,157 @@ mod tests {
         assert_eq!(scheduler.paused_partitions(), 0);
     }
 
-    #[tokio::test]
-    async fn past_half_the_budget_a_workspace_beyond_its_share_pauses_only_its_own_partition() {
-        let scheduler = Scheduler::new(1_000, 64);
-        for (offset, workspace) in ["a", "b", "c"].into_iter().enumerate() {
-            scheduler.push(workspace, sized(i32::try_from(offset).unwrap_or(0), 0, 10));
-        }
-        assert_eq!(
-            scheduler.push("stuck", sized(3, 0, 400)),
-            Vec::<i32>::new(),
-            "beyond its share, but half the budget is free"
-        );
-        assert_eq!(scheduler.push("stuck", sized(3, 1, 100)), vec![3]);
-        assert_eq!(scheduler.push("stuck", sized(3, 2, 100)), Vec::<i32>::new(), "paused once");
-        assert_eq!(scheduler.push("d", sized(1, 1, 10)), Vec::<i32>::new(), "its neighbours on other partitions go on");
-        for _ in 0..4 {
+    fn queued_pausing(pause: &[i32]) -> Pushed {
+        Pushed::Queued { pause: pause.to_vec() }
+    }
+
+    /// Takes and answers groups until only stuck workspaces (named `stuck…`) hold messages,
+    /// each found busy: each time they are taken. Returns what was stored.
+    async fn answer_all_but_the_stuck(scheduler: &Scheduler<&'static str>) -> BTreeMap<i32, i64> {
+        let mut stored = BTreeMap::new();
+        let left =
+            |s: &State<&str>| s.workspaces.iter().any(|(id, w)| !id.starts_with("stuck") || w.waiting_since.is_none());
+        while left(&scheduler.lock()) {
             let taken = scheduler.take().await;
-            let answered = if taken.group().workspace_id == "stuck" { 0 } else { usize::MAX };
-            assert_eq!(taken.finish(answered).resume, Vec::<i32>::new(), "still beyond half its share");
+            let answered = if taken.group().workspace_id.starts_with("stuck") { 0 } else { usize::MAX };
+            stored.extend(taken.finish(answered).store);
         }
-        let mut resumed = Vec::new();
-        while resumed.is_empty() {
-            let taken = scheduler.take().await;
-            resumed = taken.finish(usize::MAX).resume;
-        }
-        assert_eq!(resumed, vec![3], "its lock released, its backlog answered");
+        stored
     }
 
     #[tokio::test]
-    async fn stuck_workspaces_on_several_partitions_never_keep_the_others_paused() {
-        for stuck in [2, 3, 5] {
+    async fn past_half_the_budget_a_workspace_beyond_its_share_is_passed_over_and_read_again_in_order() {
+        let scheduler = Scheduler::new(1_000, 64);
+        for (partition, workspace) in ["a", "b", "c"].into_iter().enumerate() {
+            scheduler.push(workspace, sized(i32::try_from(partition).unwrap_or(0), 0, 10));
+        }
+        assert_eq!(scheduler.push("stuck", sized(3, 0, 400)), Pushed::queued(), "half the budget is free");
+        assert_eq!(scheduler.push("stuck", sized(3, 1, 100)), Pushed::PassedOver, "beyond its share");
+        assert_eq!(scheduler.push("stuck", sized(3, 2, 100)), Pushed::LeftInKafka);
+        assert_eq!(scheduler.push("d", sized(3, 3, 10)), Pushed::queued(), "its neighbour on its partition goes on");
+        assert_eq!((scheduler.paused_partitions(), scheduler.passed_over()), (0, 1));
+        let stored = answer_all_but_the_stuck(&scheduler).await;
+        assert_eq!(stored.get(&3), Some(&0), "never past the stuck workspace's first message");
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "not read again while stuck");
+        // Its lock released: its message is answered, and it is read again from offset 1.
+        let released = scheduler.take().await;
+        assert_eq!(offsets(released.group()), vec![0]);
+        assert_eq!(released.finish(usize::MAX).store, vec![(3, 1)], "up to its first message left in Kafka");
+        let (generation, from) = scheduler.to_read_again();
+        assert_eq!(from, BTreeMap::from([(3, 1)]));
+        assert!(scheduler.wants_again("stuck", 3, 1) && !scheduler.wants_again("d", 3, 3));
+        for offset in [1, 2] {
+            assert_eq!(scheduler.push_again(generation, "stuck", sized(3, offset, 100)), Pushed::queued());
+            assert_eq!(scheduler.read_again_to(generation, 3, offset + 1), None, "offset 1 is queued now");
+        }
+        assert_eq!(scheduler.push("stuck", sized(3, 4, 10)), Pushed::LeftInKafka, "the reader is ahead");
+        assert_eq!(scheduler.read_again_to(generation, 3, 4), None, "offset 4 not read again yet");
+        assert_eq!(scheduler.push_again(generation, "stuck", sized(3, 4, 10)), Pushed::queued());
+        assert_eq!(scheduler.read_again_to(generation, 3, 5), None);
+        assert_eq!(scheduler.passed_over(), 0, "caught up with the reader");
+        assert_eq!(scheduler.push("stuck", sized(3, 5, 10)), Pushed::queued(), "queued by the reader again");
+        let rest = scheduler.take().await;
+        assert_eq!(offsets(rest.group()), vec![1, 2, 4, 5], "in order");
+        assert_eq!(rest.finish(usize::MAX).store, vec![(3, 6)]);
+    }
+
+    #[tokio::test]
+    async fn a_workspace_read_again_beyond_its_share_again_stops_there_and_holds_the_offset_below_it() {
+        let scheduler = Scheduler::new(1_000, 64);
+        scheduler.push("other", sized(1, 0, 300));
+        scheduler.push("slow", sized(0, 0, 300));
+        assert_eq!(scheduler.push("slow", sized(0, 1, 300)), Pushed::PassedOver);
+        for offset in 2..6 {
+            scheduler.push("slow", sized(0, offset, 300));
+        }
+        let slow = scheduler.take().await;
+        assert_eq!(slow.group().workspace_id, "other");
+        slow.finish(usize::MAX);
+        scheduler.take().await.finish(usize::MAX);
+        let (generation, from) = scheduler.to_read_again();
+        assert_eq!(from, BTreeMap::from([(0, 1)]));
+        scheduler.push("other", sized(1, 1, 300));
+        assert_eq!(scheduler.push_again(generation, "slow", sized(0, 1, 300)), Pushed::queued());
+        assert_eq!(scheduler.push_again(generation, "slow", sized(0, 2, 300)), Pushed::PassedOver, "its share again");
+        assert_eq!(scheduler.read_again_to(generation, 0, 3), None);
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "until it is down to half its share");
+        let answered = scheduler.take().await.finish(usize::MAX).store;
+        assert_eq!(answered, vec![(1, 2)]);
+        let stored = scheduler.take().await.finish(usize::MAX).store;
+        assert_eq!(stored, vec![(0, 2)], "offset 2 left in Kafka");
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::from([(0, 2)]), "read again from it");
+    }
+
+    #[tokio::test]
+    async fn a_stuck_workspace_gives_up_what_it_holds_at_the_budget_and_is_read_again_one_message_at_a_time() {
+        let scheduler = Scheduler::new(1_000, 64);
+        scheduler.push("stuck", sized(0, 0, 200));
+        scheduler.push("stuck", sized(0, 1, 200));
+        scheduler.take().await.finish(0);
+        for offset in 0..5 {
+            assert_eq!(scheduler.push(&format!("b{offset}"), sized(1, offset, 100)), Pushed::queued());
+        }
+        assert_eq!(scheduler.push("b5", sized(1, 5, 100)), Pushed::queued(), "the stuck one gave way: no pause");
+        assert_eq!((scheduler.held_bytes(), scheduler.passed_over()), (600, 1));
+        assert_eq!(scheduler.waiting().len(), 1, "still waiting for its lock");
+        assert_eq!(scheduler.push("stuck", sized(0, 2, 200)), Pushed::LeftInKafka);
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "not before its retry");
+        tokio::time::sleep(STUCK_RETRY).await;
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "not while half the budget is used");
+        answer_all_but_the_stuck(&scheduler).await;
+        let (generation, from) = scheduler.to_read_again();
+        assert_eq!(from, BTreeMap::from([(0, 0)]), "from its first message");
+        assert_eq!(scheduler.push_again(generation, "stuck", sized(0, 0, 200)), Pushed::queued());
+        assert_eq!(scheduler.push_again(generation, "stuck", sized(0, 1, 200)), Pushed::PassedOver, "one at a time");
+        let busy = scheduler.take().await.finish(0);
+        assert!(busy.waited >= Some(STUCK_RETRY), "its wait counted from the first time: {busy:?}");
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "found busy again");
+        let released = scheduler.take().await;
+        assert_eq!(released.finish(usize::MAX).store, vec![(0, 1)], "up to its next message left in Kafka");
+        assert_eq!(scheduler.to_read_again().1, BTreeMap::from([(0, 1)]), "answered: read again on at once");
+        assert_eq!(scheduler.push_again(generation, "stuck", sized(0, 1, 200)), Pushed::queued());
+        assert_eq!(scheduler.push_again(generation, "stuck", sized(0, 2, 200)), Pushed::queued(), "within its share");
+    }
+
+    #[tokio::test]
+    async fn many_stuck_workspaces_with_a_small_budget_pause_no_partition_and_their_neighbours_go_on() {
+        for stuck in [2, 3, 5, 8] {
             let scheduler = Scheduler::new(1_000, 64);
             let mut offset = 0;
-            // Each stuck workspace, on a partition of its own, is read until its share pauses it.
+            // Each stuck workspace, on a partition of its own, is read until it is beyond its share.
             for n in 0..stuck {
                 let workspace = format!("stuck{n}");
-                while !scheduler.push(&workspace, sized(n, offset, 50)).contains(&n) {
+                while scheduler.push(&workspace, sized(n, offset, 50)) != Pushed::PassedOver {
                     offset += 1;
-                    assert!(offset < 1_000, "{workspace} never paused");
+                    assert!(offset < 1_000, "{workspace} never beyond its share");
                 }
                 offset += 1;
             }
-            // A burst of a healthy workspace on another partition reaches the budget.
-            let healthy = stuck;
-            while !scheduler.push("healthy", sized(healthy, offset, 50)).contains(&healthy) {
-                offset += 1;
-            }
-            assert!(scheduler.held_bytes() >= 1_000, "{stuck} stuck: the budget reached");
-            // Its messages are answered, the stuck ones never: the healthy partition reads again.
-            let mut resumed = Vec::new();
-            while !resumed.contains(&healthy) {
-                let taken = scheduler.take().await;
-                let answered = if taken.group().workspace_id.starts_with("stuck") { 0 } else { usize::MAX };
-                resumed.extend(taken.finish(answered).resume);
-                if !scheduler.lock().workspaces.contains_key("healthy") {
-                    break;
-                }
-            }
-            assert!(resumed.contains(&healthy), "{stuck} stuck: the healthy partition reads again");
-            // The first two are beyond their share: their partitions stay paused (a stuck
-            // workspace within its share leaves its neighbours reading, as before).
-            assert!(!resumed.contains(&0) && !resumed.contains(&1), "{stuck} stuck: {resumed:?}");
-            // A stuck workspace whose partition read on reaches the budget: it alone pauses.
-            let last = stuck - 1;
-            if resumed.contains(&last) {
-                while scheduler.held_bytes() < 1_000 {
-                    let paused = scheduler.push(&format!("stuck{last}"), sized(last, offset, 200));
+            answer_all_but_the_stuck(&scheduler).await;
+            // A neighbour on every partition, the stuck ones' included, is read and answered.
+            for round in 0..3 {
+                for partition in 0..8 {
+                    let pushed = scheduler.push(&format!("n{partition}"), sized(partition, offset, 10));
+                    assert_eq!(pushed, Pushed::queued(), "{stuck} stuck, round {round}, partition {partition}");
                     offset += 1;
-                    if !paused.is_empty() {
-                        assert_eq!(paused, vec![last], "{stuck} stuck: only its own partition");
-                        break;
-                    }
                 }
+                let stored = answer_all_but_the_stuck(&scheduler).await;
+                assert_eq!(stored.len(), 8, "{stuck} stuck: every partition answered");
             }
+            // A burst of many workspaces reaches the budget: every partition pauses, and reads
+            // again once the burst is answered, whatever the stuck ones hold.
+            let mut burst = 0;
+            let paused = loop {
+                match scheduler.push(&format!("burst{burst}"), sized(burst % 8, offset, 50)) {
+                    Pushed::Queued { pause } if !pause.is_empty() => break pause,
+                    pushed => assert_eq!(pushed, Pushed::queued()),
+                }
+                (burst, offset) = (burst + 1, offset + 1);
+            };
+            assert_eq!(paused, (0..8).collect::<Vec<_>>(), "{stuck} stuck");
+            answer_all_but_the_stuck(&scheduler).await;
+            assert_eq!(scheduler.paused_partitions(), 0, "{stuck} stuck: the budget's pause ended");
+            assert_eq!(scheduler.passed_over(), usize::try_from(stuck).unwrap_or(0));
         }
     }
 
@@ -720,7 +994,7 @@ mod tests {
         let pause = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).extend(p);
         let resume = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !p.contains(x));
         // The reader reads past the budget: partition 3 is to be paused...
-        assert_eq!(scheduler.push("a", sized(3, 0, 120)), vec![3]);
+        assert_eq!(scheduler.push("a", sized(3, 0, 120)), queued_pausing(&[3]));
         // ...and before the reader tells the consumer, a worker answers the message, which ends
         // the pause, and tells the consumer first.
         let finished = scheduler.take().await.finish(usize::MAX);

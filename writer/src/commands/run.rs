@@ -46,8 +46,9 @@ pub struct Args {
     /// partitions (their parsed size, estimated), in MiB. At the budget the writer pauses
     /// reading, and Kafka keeps the backlog, until three quarters are left; past half of it
     /// each workspace may hold its fair share (the budget over the workspaces holding
-    /// messages, plus one), beyond which it pauses its own partition. librdkafka's prefetch
-    /// comes on top (docs/operations.md, "Writer memory").
+    /// messages, plus one), beyond which its messages are left in Kafka and read again once it
+    /// is down to half of it, while its partition reads on. librdkafka's prefetch comes on top
+    /// (docs/operations.md, "Writer memory").
     #[arg(long, env = "INTAKE_WRITER_READ_BUDGET_MIB", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub read_budget_mib: u32,
     /// A workspace found busy (its lock held by another session) counts as progress of its
