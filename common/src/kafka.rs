@@ -158,6 +158,9 @@ pub fn writer_rereader(args: &KafkaArgs) -> ClientConfig {
             // The operator's options reach it too: with the group consumer's session timeout, a
             // `max.poll.interval.ms` valid for that one is valid for this one.
             ("session.timeout.ms", &session_ms),
+            // A workspace's first message left that retention has deleted: read from the
+            // partition's start, not its end (librdkafka's default), which would skip the rest.
+            ("auto.offset.reset", "earliest"),
             ("socket.nagle.disable", "true"),
             // What it fetches ahead is memory outside the read budget, as the group consumer's:
             // bounded the same way, smaller, as it reads one or two partitions at a time.

@@ -845,7 +845,7 @@ pub mod testing {
             inbound.answered_before = answered_before;
             let workspace_id = inbound.workspace_id().to_owned();
             let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
-            self.worker.scheduler.push(&workspace_id, queued);
+            self.worker.scheduler.push(&workspace_id, queued, true);
         }
 
         /// The worker answers the next group.

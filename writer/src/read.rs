@@ -78,7 +78,8 @@ impl Reader {
         inbound.answered_before = answered_before;
         let workspace_id = inbound.workspace_id().to_owned();
         let queued = Queued { partition: inbound.partition, offset: inbound.offset, bytes, message: inbound };
-        match self.scheduler.push(&workspace_id, queued) {
+        let keyed = message.key() == Some(workspace_id.as_bytes());
+        match self.scheduler.push(&workspace_id, queued, keyed) {
             Pushed::Queued { pause } if !pause.is_empty() => {
                 let held_bytes = self.scheduler.held_bytes();
                 tracing::warn!(?pause, held_bytes, "read budget reached; partitions paused");

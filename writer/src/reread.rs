@@ -62,7 +62,13 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
         loop {
             let (generation, wanted) = self.scheduler.to_read_again();
             if reading.needs(generation, &wanted) {
-                self.assign(&wanted);
+                if let Err(error) = self.assign(&wanted) {
+                    // Tried again on the next turn: `reading` still says what is assigned.
+                    tracing::warn!(%error, from = ?wanted, "could not assign the partitions to read again");
+                    reading = Reading::default();
+                    tokio::time::sleep(IDLE_CHECK).await;
+                    continue;
+                }
                 reading = Reading { generation, next: wanted, start_asked: None };
             }
             if reading.next.is_empty() {
@@ -88,19 +94,17 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
         }
     }
 
-    fn assign(&self, from: &BTreeMap<i32, i64>) {
+    fn assign(&self, from: &BTreeMap<i32, i64>) -> rdkafka::error::KafkaResult<()> {
         let mut list = TopicPartitionList::new();
         for (&partition, &offset) in from {
-            let _ = list.add_partition_offset(&self.topic, partition, Offset::Offset(offset));
+            list.add_partition_offset(&self.topic, partition, Offset::Offset(offset))?;
         }
-        if let Err(error) = self.consumer.assign(&list) {
-            tracing::warn!(%error, ?from, "could not assign the partitions to read again");
-        }
+        self.consumer.assign(&list)
     }
 
     /// Hands the scheduler a message read again if a workspace passed over wants it (the
-    /// message's key, its workspace, is looked at before it is parsed), and tells it how far
-    /// the partition is read.
+    /// message's key, its workspace, is looked at before it is parsed: only a message keyed by
+    /// its workspace is ever left in Kafka), and tells it how far the partition is read.
     fn take(&self, reading: &mut Reading, message: &impl Message) {
         let (partition, offset) = (message.partition(), message.offset());
         let Some(next) = reading.next.get_mut(&partition) else { return };
@@ -113,7 +117,7 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
         *next = offset + 1;
         let generation = reading.generation;
         let key = message.key().and_then(|key| std::str::from_utf8(key).ok());
-        let wanted = key.is_none_or(|workspace_id| self.scheduler.wants_again(workspace_id, partition, offset));
+        let wanted = key.is_some_and(|workspace_id| self.scheduler.wants_again(workspace_id, partition, offset));
         if let (true, Admission::Take { answered_before }) = (wanted, self.partitions.admit(partition, offset)) {
             let (mut inbound, bytes) = Inbound::read(message);
             inbound.answered_before = answered_before;
@@ -161,7 +165,9 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
         let watermarks =
             tokio::task::block_in_place(|| self.consumer.fetch_watermarks(&self.topic, partition, KAFKA_TIMEOUT));
         let Ok((start, _)) = watermarks else { return false };
-        let deleted = start > expected;
+        // The consumer, reset to the partition's start, reads on from there; anything else is
+        // a message fetched for an earlier assignment.
+        let deleted = start > expected && offset == start;
         if deleted {
             tracing::error!(
                 partition,

@@ -64,7 +64,8 @@ impl<M> Group<M> {
 /// What became of a message read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Pushed {
-    /// Queued for its workspace; these partitions are to be paused (the budget is reached).
+    /// Queued for its workspace; when the budget is reached, the partitions it paused (to bring
+    /// the consumer to with [`Scheduler::apply_pauses`]).
     Queued { pause: Vec<i32> },
     /// Its workspace is beyond its share: it, and the workspace's messages after it, are left
     /// in Kafka and read again later.
@@ -268,17 +269,18 @@ impl<M> Scheduler<M> {
     }
 
     /// Takes a message read: queued for its workspace, or left in Kafka when its workspace is
-    /// beyond its share, or was passed over before (see [`Pushed`]).
-    pub fn push(&self, workspace_id: &str, queued: Queued<M>) -> Pushed {
+    /// beyond its share, or was passed over before (see [`Pushed`]). `keyed`: its Kafka key is
+    /// its workspace, by which the re-reader finds it without parsing it. One that is not (an
+    /// unreadable message, or one of another producer than the gateways) is always queued: left
+    /// in Kafka, the re-reader would pass it by.
+    pub fn push(&self, workspace_id: &str, queued: Queued<M>, keyed: bool) -> Pushed {
         let mut state = self.lock();
         let offsets = state.partitions.entry(queued.partition).or_default();
         offsets.next = offsets.next.max(queued.offset + 1);
         match state.spills.get(workspace_id) {
-            Some(spill) if spill.partition == queued.partition => return Pushed::LeftInKafka,
-            // A workspace's messages all go to its key's partition. One read on another (an
-            // unreadable message keyed otherwise) is queued: left in Kafka, it would have no
-            // place in that partition's offsets, which would pass it.
+            Some(spill) if keyed && spill.partition == queued.partition => return Pushed::LeftInKafka,
             Some(_) => return self.queue(&mut state, workspace_id, queued),
+            None if !keyed => return self.queue(&mut state, workspace_id, queued),
             None => {}
         }
         if self.beyond_share(&state, workspace_id, queued.bytes) {
@@ -381,7 +383,9 @@ impl<M> Scheduler<M> {
     }
 
     /// The partitions to read again, each from the first message left in Kafka of a workspace
-    /// passed over and down to half its share, with the generation they belong to.
+    /// passed over and down to half its share, with the generation they belong to. Only the
+    /// re-reader marks workspaces to be read again, here: each one marked is then read from its
+    /// first message left, wherever the re-reader was.
     pub fn to_read_again(&self) -> (u64, BTreeMap<i32, i64>) {
         let mut state = self.lock();
         self.mark_to_read_again(&mut state);
@@ -622,14 +626,18 @@ impl<M> Scheduler<M> {
             *full = false;
             resume = std::mem::take(paused).into_iter().collect();
         }
-        self.mark_to_read_again(state);
+        // Marked by the re-reader itself (`to_read_again`), right before it decides where to
+        // read: marked here, a workspace could take the message the re-reader holds, past the
+        // ones it left before it.
+        if state.spills.values().any(|spill| !spill.again) {
+            self.read_again.notify_one();
+        }
         resume
     }
 
     /// Marks to be read again the workspaces passed over whose next message would be taken now
     /// (see [`Scheduler::takes_again`]): those down to half their share and no longer waiting
     /// for a lock, and those that gave up what they held at the budget once their retry is due.
-    /// Tells the re-reader.
     fn mark_to_read_again(&self, state: &mut State<M>) {
         let half_share = self.share(state.workspaces.len()) / 2;
         let now = Instant::now();
@@ -652,9 +660,6 @@ impl<M> Scheduler<M> {
             if let Some(spill) = state.spills.get_mut(id) {
                 spill.again = true;
             }
-        }
-        if !marked.is_empty() {
-            self.read_again.notify_one();
         }
     }
 
@@ -754,9 +759,9 @@ mod tests {
     #[tokio::test]
     async fn a_busy_workspace_is_set_aside_and_its_neighbours_on_the_same_partition_go_on() {
         let scheduler = Scheduler::new(100, 64);
-        scheduler.push("held", queued(0, 0));
-        scheduler.push("other", queued(0, 1));
-        scheduler.push("held", queued(0, 2));
+        scheduler.push("held", queued(0, 0), true);
+        scheduler.push("other", queued(0, 1), true);
+        scheduler.push("held", queued(0, 2), true);
         let held = scheduler.take().await;
         assert_eq!((held.group().workspace_id.as_str(), offsets(held.group())), ("held", vec![0, 2]), "in order");
         let other = scheduler.take().await;
@@ -782,8 +787,8 @@ mod tests {
     #[tokio::test]
     async fn a_workspace_is_taken_by_one_worker_at_a_time() {
         let scheduler = Scheduler::new(100, 1);
-        scheduler.push("ws", queued(0, 0));
-        scheduler.push("ws", queued(0, 1));
+        scheduler.push("ws", queued(0, 0), true);
+        scheduler.push("ws", queued(0, 1), true);
         let first = scheduler.take().await;
         assert!(scheduler.lock().ready.is_empty(), "its next message waits for the first to finish");
         first.finish(usize::MAX);
@@ -797,10 +802,14 @@ mod tests {
             [("a", 0), ("b", 1), ("c", 2), ("d", 0), ("e", 1)].into_iter().enumerate()
         {
             let offset = i64::try_from(offset).unwrap_or_default();
-            assert_eq!(scheduler.push(workspace, sized(partition, offset, 100)), Pushed::queued());
+            assert_eq!(scheduler.push(workspace, sized(partition, offset, 100), true), Pushed::queued());
         }
-        assert_eq!(scheduler.push("f", sized(2, 5, 500)), queued_pausing(&[0, 1, 2]), "every partition read so far");
-        let first_read_while_full = scheduler.push("g", sized(7, 0, 10));
+        assert_eq!(
+            scheduler.push("f", sized(2, 5, 500), true),
+            queued_pausing(&[0, 1, 2]),
+            "every partition read so far"
+        );
+        let first_read_while_full = scheduler.push("g", sized(7, 0, 10), true);
         assert_eq!(first_read_while_full, queued_pausing(&[7]), "a partition first read while full pauses too");
         assert_eq!((scheduler.held_bytes(), scheduler.paused_partitions()), (1_010, 4));
         for held in [910, 810] {
@@ -833,12 +842,16 @@ mod tests {
     async fn past_half_the_budget_a_workspace_beyond_its_share_is_passed_over_and_read_again_in_order() {
         let scheduler = Scheduler::new(1_000, 64);
         for (partition, workspace) in ["a", "b", "c"].into_iter().enumerate() {
-            scheduler.push(workspace, sized(i32::try_from(partition).unwrap_or(0), 0, 10));
+            scheduler.push(workspace, sized(i32::try_from(partition).unwrap_or(0), 0, 10), true);
         }
-        assert_eq!(scheduler.push("stuck", sized(3, 0, 400)), Pushed::queued(), "half the budget is free");
-        assert_eq!(scheduler.push("stuck", sized(3, 1, 100)), Pushed::PassedOver, "beyond its share");
-        assert_eq!(scheduler.push("stuck", sized(3, 2, 100)), Pushed::LeftInKafka);
-        assert_eq!(scheduler.push("d", sized(3, 3, 10)), Pushed::queued(), "its neighbour on its partition goes on");
+        assert_eq!(scheduler.push("stuck", sized(3, 0, 400), true), Pushed::queued(), "half the budget is free");
+        assert_eq!(scheduler.push("stuck", sized(3, 1, 100), true), Pushed::PassedOver, "beyond its share");
+        assert_eq!(scheduler.push("stuck", sized(3, 2, 100), true), Pushed::LeftInKafka);
+        assert_eq!(
+            scheduler.push("d", sized(3, 3, 10), true),
+            Pushed::queued(),
+            "its neighbour on its partition goes on"
+        );
         assert_eq!((scheduler.paused_partitions(), scheduler.passed_over()), (0, 1));
         let stored = answer_all_but_the_stuck(&scheduler).await;
         assert_eq!(stored.get(&3), Some(&0), "never past the stuck workspace's first message");
@@ -854,25 +867,35 @@ mod tests {
             assert_eq!(scheduler.push_again(generation, "stuck", sized(3, offset, 100)), Pushed::queued());
             assert_eq!(scheduler.read_again_to(generation, 3, offset + 1), None, "offset 1 is queued now");
         }
-        assert_eq!(scheduler.push("stuck", sized(3, 4, 10)), Pushed::LeftInKafka, "the reader is ahead");
+        assert_eq!(scheduler.push("stuck", sized(3, 4, 10), true), Pushed::LeftInKafka, "the reader is ahead");
         assert_eq!(scheduler.read_again_to(generation, 3, 4), None, "offset 4 not read again yet");
         assert_eq!(scheduler.push_again(generation, "stuck", sized(3, 4, 10)), Pushed::queued());
         assert_eq!(scheduler.read_again_to(generation, 3, 5), None);
         assert_eq!(scheduler.passed_over(), 0, "caught up with the reader");
-        assert_eq!(scheduler.push("stuck", sized(3, 5, 10)), Pushed::queued(), "queued by the reader again");
+        assert_eq!(scheduler.push("stuck", sized(3, 5, 10), true), Pushed::queued(), "queued by the reader again");
         let rest = scheduler.take().await;
         assert_eq!(offsets(rest.group()), vec![1, 2, 4, 5], "in order");
         assert_eq!(rest.finish(usize::MAX).store, vec![(3, 6)]);
     }
 
     #[tokio::test]
+    async fn a_message_not_keyed_by_its_workspace_is_never_left_in_kafka() {
+        let scheduler = Scheduler::new(1_000, 64);
+        scheduler.push("other", sized(1, 0, 200), true);
+        scheduler.push("slow", sized(0, 0, 200), true);
+        assert_eq!(scheduler.push("slow", sized(0, 1, 200), false), Pushed::queued(), "beyond its share, yet kept");
+        assert_eq!(scheduler.push("slow", sized(0, 2, 200), true), Pushed::PassedOver);
+        assert_eq!(scheduler.push("slow", sized(0, 3, 100), false), Pushed::queued(), "the re-reader would pass it by");
+    }
+
+    #[tokio::test]
     async fn a_workspace_read_again_beyond_its_share_again_stops_there_and_holds_the_offset_below_it() {
         let scheduler = Scheduler::new(1_000, 64);
-        scheduler.push("other", sized(1, 0, 300));
-        scheduler.push("slow", sized(0, 0, 300));
-        assert_eq!(scheduler.push("slow", sized(0, 1, 300)), Pushed::PassedOver);
+        scheduler.push("other", sized(1, 0, 300), true);
+        scheduler.push("slow", sized(0, 0, 300), true);
+        assert_eq!(scheduler.push("slow", sized(0, 1, 300), true), Pushed::PassedOver);
         for offset in 2..6 {
-            scheduler.push("slow", sized(0, offset, 300));
+            scheduler.push("slow", sized(0, offset, 300), true);
         }
         let slow = scheduler.take().await;
         assert_eq!(slow.group().workspace_id, "other");
@@ -880,7 +903,7 @@ mod tests {
         scheduler.take().await.finish(usize::MAX);
         let (generation, from) = scheduler.to_read_again();
         assert_eq!(from, BTreeMap::from([(0, 1)]));
-        scheduler.push("other", sized(1, 1, 300));
+        scheduler.push("other", sized(1, 1, 300), true);
         assert_eq!(scheduler.push_again(generation, "slow", sized(0, 1, 300)), Pushed::queued());
         assert_eq!(scheduler.push_again(generation, "slow", sized(0, 2, 300)), Pushed::PassedOver, "its share again");
         assert_eq!(scheduler.read_again_to(generation, 0, 3), None);
@@ -889,22 +912,24 @@ mod tests {
         assert_eq!(answered, vec![(1, 2)]);
         let stored = scheduler.take().await.finish(usize::MAX).store;
         assert_eq!(stored, vec![(0, 2)], "offset 2 left in Kafka");
+        assert!(!scheduler.wants_again("slow", 0, 2), "marked by the re-reader only, where it decides where to read");
         assert_eq!(scheduler.to_read_again().1, BTreeMap::from([(0, 2)]), "read again from it");
+        assert!(scheduler.wants_again("slow", 0, 2));
     }
 
     #[tokio::test]
     async fn a_stuck_workspace_gives_up_what_it_holds_at_the_budget_and_is_read_again_one_message_at_a_time() {
         let scheduler = Scheduler::new(1_000, 64);
-        scheduler.push("stuck", sized(0, 0, 200));
-        scheduler.push("stuck", sized(0, 1, 200));
+        scheduler.push("stuck", sized(0, 0, 200), true);
+        scheduler.push("stuck", sized(0, 1, 200), true);
         scheduler.take().await.finish(0);
         for offset in 0..5 {
-            assert_eq!(scheduler.push(&format!("b{offset}"), sized(1, offset, 100)), Pushed::queued());
+            assert_eq!(scheduler.push(&format!("b{offset}"), sized(1, offset, 100), true), Pushed::queued());
         }
-        assert_eq!(scheduler.push("b5", sized(1, 5, 100)), Pushed::queued(), "the stuck one gave way: no pause");
+        assert_eq!(scheduler.push("b5", sized(1, 5, 100), true), Pushed::queued(), "the stuck one gave way: no pause");
         assert_eq!((scheduler.held_bytes(), scheduler.passed_over()), (600, 1));
         assert_eq!(scheduler.waiting().len(), 1, "still waiting for its lock");
-        assert_eq!(scheduler.push("stuck", sized(0, 2, 200)), Pushed::LeftInKafka);
+        assert_eq!(scheduler.push("stuck", sized(0, 2, 200), true), Pushed::LeftInKafka);
         assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "not before its retry");
         tokio::time::sleep(STUCK_RETRY).await;
         assert_eq!(scheduler.to_read_again().1, BTreeMap::new(), "not while half the budget is used");
@@ -931,7 +956,7 @@ mod tests {
             // Each stuck workspace, on a partition of its own, is read until it is beyond its share.
             for n in 0..stuck {
                 let workspace = format!("stuck{n}");
-                while scheduler.push(&workspace, sized(n, offset, 50)) != Pushed::PassedOver {
+                while scheduler.push(&workspace, sized(n, offset, 50), true) != Pushed::PassedOver {
                     offset += 1;
                     assert!(offset < 1_000, "{workspace} never beyond its share");
                 }
@@ -941,7 +966,7 @@ mod tests {
             // A neighbour on every partition, the stuck ones' included, is read and answered.
             for round in 0..3 {
                 for partition in 0..8 {
-                    let pushed = scheduler.push(&format!("n{partition}"), sized(partition, offset, 10));
+                    let pushed = scheduler.push(&format!("n{partition}"), sized(partition, offset, 10), true);
                     assert_eq!(pushed, Pushed::queued(), "{stuck} stuck, round {round}, partition {partition}");
                     offset += 1;
                 }
@@ -952,7 +977,7 @@ mod tests {
             // again once the burst is answered, whatever the stuck ones hold.
             let mut burst = 0;
             let paused = loop {
-                match scheduler.push(&format!("burst{burst}"), sized(burst % 8, offset, 50)) {
+                match scheduler.push(&format!("burst{burst}"), sized(burst % 8, offset, 50), true) {
                     Pushed::Queued { pause } if !pause.is_empty() => break pause,
                     pushed => assert_eq!(pushed, Pushed::queued()),
                 }
@@ -969,7 +994,7 @@ mod tests {
     async fn a_group_whose_worker_died_goes_back_in_order_and_is_tried_one_message_at_a_time() {
         let scheduler = Scheduler::new(1_000, 64);
         for offset in 0..3 {
-            scheduler.push("ws", queued(0, offset));
+            scheduler.push("ws", queued(0, offset), true);
         }
         let taken = scheduler.take().await;
         let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
@@ -994,7 +1019,7 @@ mod tests {
         let pause = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).extend(p);
         let resume = |p: &[i32]| consumer.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !p.contains(x));
         // The reader reads past the budget: partition 3 is to be paused...
-        assert_eq!(scheduler.push("a", sized(3, 0, 120)), queued_pausing(&[3]));
+        assert_eq!(scheduler.push("a", sized(3, 0, 120), true), queued_pausing(&[3]));
         // ...and before the reader tells the consumer, a worker answers the message, which ends
         // the pause, and tells the consumer first.
         let finished = scheduler.take().await.finish(usize::MAX);
@@ -1004,7 +1029,7 @@ mod tests {
         scheduler.apply_pauses(pause, resume);
         assert!(consumer.lock().unwrap_or_else(|e| e.into_inner()).is_empty(), "partition 3 left paused");
         // In the other order the consumer pauses, then resumes.
-        scheduler.push("a", sized(3, 1, 120));
+        scheduler.push("a", sized(3, 1, 120), true);
         scheduler.apply_pauses(pause, resume);
         assert_eq!(*consumer.lock().unwrap_or_else(|e| e.into_inner()), BTreeSet::from([3]));
         let _ = scheduler.take().await.finish(usize::MAX);
@@ -1015,8 +1040,8 @@ mod tests {
     #[tokio::test]
     async fn a_rebalance_drops_what_was_read_and_the_groups_in_hand_store_nothing() {
         let scheduler = Scheduler::new(100, 64);
-        scheduler.push("a", sized(0, 7, 10));
-        scheduler.push("b", sized(1, 3, 20));
+        scheduler.push("a", sized(0, 7, 10), true);
+        scheduler.push("b", sized(1, 3, 20), true);
         let in_hand = scheduler.take().await;
         scheduler.rebalanced(1);
         assert_eq!((scheduler.backlog(), scheduler.held_bytes()), (0, 10), "the group in hand is still held");
