@@ -296,12 +296,11 @@ async fn a_workspace_held_elsewhere_past_the_bound_makes_the_writer_unready_but_
 }
 
 #[tokio::test]
-async fn workspaces_stuck_on_every_partition_with_a_small_budget_leave_it_to_their_neighbours_and_are_written_once_released(
-) {
+async fn workspaces_stuck_on_every_partition_with_a_small_budget_leave_it_to_their_neighbours_and_lose_nothing() {
     let mut writer_args: Vec<String> =
         ["--read-budget-mib", "1", "--workspace-wait-bound-ms", "60000"].map(String::from).to_vec();
     writer_args.extend(kafka_options(&["queued.max.messages.kbytes=2048", "fetch.max.bytes=1048576"]));
-    let stack =
+    let mut stack =
         Stack::start_with(StackOptions { write_timeout_ms: 5_000, writer_args, ..StackOptions::unlimited() }).await;
     // A workspace stuck on every partition, and a neighbour beside each.
     let stuck = stack.workspaces_on_every_partition();
@@ -345,6 +344,16 @@ async fn workspaces_stuck_on_every_partition_with_a_small_budget_leave_it_to_the
     assert_eq!(paused, 0.0, "no partition is paused for the stuck workspaces");
     // What the stuck workspaces hold stays within the budget: the rest waits in Kafka.
     assert!(held <= 1.25 * 1024.0 * 1024.0, "{held} bytes held");
+
+    // A writer killed meanwhile: its successor reads from the offsets committed, which stayed
+    // below every message left in Kafka, and passes the stuck workspaces over again.
+    stack.kill_writer(0);
+    stack.start_writer();
+    wait_until("the stuck workspaces passed over by the next writer", Duration::from_secs(60), || async {
+        let metrics = Metrics::try_scrape(&stack.http, &stack.writer_ops_urls[0]).await;
+        metrics.ok().and_then(|m| m.get("intake_writer_passed_over_workspaces")) == Some(stuck.len() as f64)
+    })
+    .await;
 
     // Released, each stuck workspace's backlog is read again from Kafka and written whole.
     for key in &stuck {
