@@ -63,7 +63,7 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
             let (generation, wanted) = self.scheduler.to_read_again();
             if reading.needs(generation, &wanted) {
                 if let Err(error) = self.assign(&wanted) {
-                    // Tried again on the next turn: `reading` still says what is assigned.
+                    // Cleared, so that the next turn assigns again.
                     tracing::warn!(%error, from = ?wanted, "could not assign the partitions to read again");
                     reading = Reading::default();
                     tokio::time::sleep(IDLE_CHECK).await;
