@@ -335,11 +335,19 @@ fn seconds_after(from: SystemTime, rfc3339: &str) -> Option<f64> {
 
 /// Asserts that the layout's primary has every acknowledged write, at its acknowledged value.
 async fn assert_ledger_clean(layout: &HaLayout, keys: &[intake_tests::TestKey], sent: &[Sent]) {
-    let db = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect(&layout.database_url())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    // Right after a fault a node may still be restarting (the old primary rejoining): a
+    // connection it takes and then drops is tried again, as the services' own are.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let db = loop {
+        match sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&layout.database_url()).await {
+            Ok(db) => break db,
+            Err(error) if Instant::now() < deadline => {
+                eprintln!("connecting for the ledger's check: {error}; trying again");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("connecting for the ledger's check: {error}"),
+        }
+    };
     let check = check_ledger_in(&db, keys, sent, Duration::from_secs(20)).await;
     assert!(check.is_clean(), "acknowledged but not stored, or stored with an older value: {check:?}");
 }
