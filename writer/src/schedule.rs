@@ -162,6 +162,12 @@ impl Spill {
     fn new<M>(left: &Queued<M>) -> Self {
         Spill { partition: left.partition, next: left.offset, bytes: left.bytes, again: false, stuck: None }
     }
+
+    /// Whether the message at `offset` of `partition`, read again, is one this workspace left
+    /// in Kafka and is now read again for.
+    fn wants(&self, partition: i32, offset: i64) -> bool {
+        self.again && self.partition == partition && offset >= self.next
+    }
 }
 
 struct Workspace<M> {
@@ -406,7 +412,7 @@ impl<M> Scheduler<M> {
     /// left in Kafka and now takes: checked before the message is parsed.
     pub fn wants_again(&self, workspace_id: &str, partition: i32, offset: i64) -> bool {
         let state = self.lock();
-        state.spills.get(workspace_id).is_some_and(|s| s.again && s.partition == partition && offset >= s.next)
+        state.spills.get(workspace_id).is_some_and(|spill| spill.wants(partition, offset))
     }
 
     /// Takes a message read again (of `generation`): queued if its workspace wants it and is
@@ -418,9 +424,8 @@ impl<M> Scheduler<M> {
             return Pushed::LeftInKafka;
         }
         let (partition, offset) = (queued.partition, queued.offset);
-        match state.spills.get(workspace_id) {
-            Some(s) if s.again && s.partition == partition && offset >= s.next => {}
-            _ => return Pushed::LeftInKafka,
+        if !state.spills.get(workspace_id).is_some_and(|spill| spill.wants(partition, offset)) {
+            return Pushed::LeftInKafka;
         }
         let stuck = state.spills.get(workspace_id).and_then(|s| s.stuck);
         let takes = self.takes_again(&state, workspace_id, stuck.is_some(), queued.bytes);
