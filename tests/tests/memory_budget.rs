@@ -1,7 +1,8 @@
 //! The writer within its limits (docs/architecture.md, "Memory", "Isolation in the writer"): a
 //! database outage longer than the consumer's poll interval costs the writer no more than its
 //! read budget and keeps it in its group; incremental rebalancing is refused; a worker that dies
-//! is restarted; a workspace held elsewhere for too long makes the writer unready.
+//! is restarted; a workspace held elsewhere for too long makes the writer unready; workspaces
+//! passed over are read again in order, however often the re-reader moves.
 
 use intake_model::message::{WriteRequest, WriteRequestV1};
 use intake_tests::serde_json::{json, Value};
@@ -371,4 +372,117 @@ async fn workspaces_stuck_on_every_partition_with_a_small_budget_leave_it_to_the
     })
     .await;
     drop(holder);
+}
+
+/// The writer's re-reader moves its consumer between partitions and offsets thousands of times,
+/// as a flood of workspaces passed over and read again makes it, and then reads from where it
+/// was moved to, in order. (Moved by reassigning the consumer, librdkafka aborted the writer
+/// within the first few moves.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_re_reader_moves_thousands_of_times_and_reads_from_where_it_was_moved_to() {
+    use intake_writer::reread::{Cursor, Reading};
+    use rand::{Rng, SeedableRng};
+    use rdkafka::message::Message;
+    use std::collections::BTreeMap;
+    const PER_PARTITION: i64 = 400;
+
+    let stack =
+        Stack::start_with(StackOptions { start_writer: false, request_partitions: 8, ..Default::default() }).await;
+    let topic = format!("{}.requests", stack.topic_prefix);
+    let partitions = i32::try_from(stack.request_partitions()).unwrap_or(i32::MAX);
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
+        .create()
+        .unwrap_or_else(|e| panic!("producer: {e}"));
+    let mut deliveries = Vec::new();
+    for partition in 0..partitions {
+        for offset in 0..PER_PARTITION {
+            // Each a kilobyte or two, as a chunk is: the fetches carry data while the consumer moves.
+            let payload = format!("{partition}/{offset}/{}", "x".repeat(2_000));
+            let record = rdkafka::producer::FutureRecord::to(&topic).partition(partition).key("k").payload(&payload);
+            deliveries.push(producer.send_result(record).unwrap_or_else(|(e, _)| panic!("produce: {e}")));
+        }
+    }
+    for delivery in deliveries {
+        assert!(matches!(delivery.await, Ok(Ok(_))), "a message was not delivered");
+    }
+
+    let args = intake_common::config::KafkaArgs {
+        brokers: env("INTAKE_KAFKA_BROKERS"),
+        options: Vec::new(),
+        requests_topic: topic.clone(),
+        replies_topic: format!("{}.replies", stack.topic_prefix),
+        dlq_topic: format!("{}.requests.dlq", stack.topic_prefix),
+    };
+    let consumer = intake_common::kafka::writer_rereader(&args).create().unwrap_or_else(|e| panic!("consumer: {e}"));
+    let mut cursor = Cursor::new(consumer, topic);
+    let mut reading = Reading::default();
+    let mut random = rand::rngs::StdRng::seed_from_u64(7);
+    // Reads what comes within `wait`; the messages read in order from where each partition was
+    // moved to (what was fetched before a move comes out of order and is passed, as the
+    // re-reader passes it).
+    async fn read(
+        cursor: &Cursor<rdkafka::consumer::DefaultConsumerContext>,
+        next: &mut BTreeMap<i32, i64>,
+        wait: Duration,
+    ) -> usize {
+        let mut in_order = 0;
+        while let Ok(Ok(message)) = tokio::time::timeout(wait, cursor.consumer().recv()).await {
+            let expected = next.get_mut(&message.partition());
+            if let Some(expected) = expected.filter(|expected| **expected == message.offset()) {
+                let payload = String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned();
+                assert!(payload.starts_with(&format!("{}/{}/", message.partition(), message.offset())));
+                *expected += 1;
+                in_order += 1;
+            }
+        }
+        in_order
+    }
+    // As the re-reader moves: a move refused (a seek right after the partition's assignment,
+    // before librdkafka started it) is made again from scratch a moment later.
+    async fn move_to(
+        cursor: &mut Cursor<rdkafka::consumer::DefaultConsumerContext>,
+        reading: &Reading,
+        generation: u64,
+        wanted: &BTreeMap<i32, i64>,
+    ) -> BTreeMap<i32, i64> {
+        match cursor.read_from(reading, generation, wanted) {
+            Ok(next) => next,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                cursor.read_from(&Reading::default(), generation, wanted).unwrap_or_else(|e| panic!("moved again: {e}"))
+            }
+        }
+    }
+    let mut generation = 1;
+    for round in 0..10_000 {
+        if round % 2_000 == 1_999 {
+            generation += 1; // a rebalance
+        }
+        let mut wanted = BTreeMap::new();
+        for partition in 0..partitions {
+            if random.gen_bool(0.4) {
+                wanted.insert(partition, random.gen_range(0..PER_PARTITION));
+            }
+        }
+        if !reading.needs(generation, &wanted) {
+            continue;
+        }
+        let mut next = move_to(&mut cursor, &reading, generation, &wanted).await;
+        read(&cursor, &mut next, Duration::from_millis(random.gen_range(0..3))).await;
+        reading = Reading::new(generation, next);
+    }
+
+    // Moved once more: every partition from its own offset, read to its end, in order.
+    let wanted: BTreeMap<i32, i64> = (0..partitions).map(|partition| (partition, i64::from(partition) * 7)).collect();
+    let mut next = move_to(&mut cursor, &reading, generation + 1, &wanted).await;
+    assert_eq!(next, wanted);
+    let started = Instant::now();
+    let mut read_in_order = 0;
+    while next.values().any(|offset| *offset < PER_PARTITION) && started.elapsed() < Duration::from_secs(20) {
+        read_in_order += read(&cursor, &mut next, Duration::from_millis(500)).await;
+    }
+    let expected: i64 = wanted.values().map(|from| PER_PARTITION - from).sum();
+    assert_eq!(next, (0..partitions).map(|partition| (partition, PER_PARTITION)).collect(), "read to the end");
+    assert_eq!(i64::try_from(read_in_order).unwrap_or_default(), expected);
 }

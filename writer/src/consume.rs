@@ -17,7 +17,7 @@ use crate::metrics::{self, Metrics};
 use crate::outbox::Outbox;
 use crate::positions::Positions;
 use crate::read::Reader;
-use crate::reread::Rereader;
+use crate::reread::{Cursor, Rereader};
 use crate::retry::Policy;
 use crate::rewind::{AnsweredBelow, Rewinder};
 use crate::schedule::Scheduler;
@@ -231,8 +231,7 @@ pub async fn run(
         kafka::writer_rereader(&settings.kafka).create_with_context(QuietContext::default())?;
     let rereader = tokio::spawn(
         Rereader {
-            consumer: rereader,
-            topic: settings.kafka.requests_topic.clone(),
+            cursor: Cursor::new(rereader, settings.kafka.requests_topic.clone()),
             partitions: partitions.clone(),
             scheduler: scheduler.clone(),
         }

@@ -27,7 +27,7 @@ mod positions;
 pub mod primary;
 mod read;
 pub mod replay;
-mod reread;
+pub mod reread;
 pub mod restore;
 mod retention;
 pub mod retry;
