@@ -49,6 +49,11 @@ impl Reading {
         Reading { generation, next, start_asked: None }
     }
 
+    /// For each partition read, the next offset it reads.
+    pub fn next(&self) -> &BTreeMap<i32, i64> {
+        &self.next
+    }
+
     /// Whether `wanted` needs the consumer moved: another generation or partitions, or a
     /// workspace to read from before where the consumer is.
     pub fn needs(&self, generation: u64, wanted: &BTreeMap<i32, i64>) -> bool {
@@ -123,7 +128,7 @@ impl<C: ConsumerContext + 'static> Cursor<C> {
             self.paused.extend(&to_pause);
         }
         if seek.count() > 0 {
-            let sought = tokio::task::block_in_place(|| self.consumer.seek_partitions(seek, KAFKA_TIMEOUT))?;
+            let sought = self.consumer.seek_partitions(seek, KAFKA_TIMEOUT)?;
             for partition in sought.elements() {
                 partition.error()?;
             }
@@ -152,7 +157,8 @@ impl<C: ConsumerContext + 'static> Rereader<C> {
         loop {
             let (generation, wanted) = self.scheduler.to_read_again();
             if reading.needs(generation, &wanted) {
-                match self.cursor.read_from(&reading, generation, &wanted) {
+                // Each step waits for librdkafka's threads (the seek up to KAFKA_TIMEOUT).
+                match tokio::task::block_in_place(|| self.cursor.read_from(&reading, generation, &wanted)) {
                     Ok(next) => reading = Reading { generation, next, start_asked: reading.start_asked },
                     Err(error) => {
                         // Cleared, so that the next turn seeks every partition again.
