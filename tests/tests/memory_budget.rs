@@ -79,18 +79,25 @@ fn backlog(workspaces: &[TestKey], messages: usize) -> (Vec<(String, Vec<u8>)>, 
 
 /// Produces the [`backlog`]'s messages straight into `topic`.
 async fn produce(topic: &str, messages: &[(String, Vec<u8>)]) {
+    produce_to(topic, messages.iter().map(|(workspace_id, payload)| (None, workspace_id.as_str(), payload.as_slice())))
+        .await;
+}
+
+/// Produces messages (a partition, or the key's; a key; a payload) straight into `topic`.
+async fn produce_to<'a>(topic: &str, messages: impl IntoIterator<Item = (Option<i32>, &'a str, &'a [u8])>) {
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
         .set("linger.ms", "5")
         .create()
         .unwrap_or_else(|e| panic!("producer: {e}"));
     let mut deliveries = Vec::new();
-    for (workspace_id, payload) in messages {
-        let record = rdkafka::producer::FutureRecord::to(topic).key(workspace_id).payload(payload);
+    for (partition, key, payload) in messages {
+        let mut record = rdkafka::producer::FutureRecord::to(topic).key(key).payload(payload);
+        record.partition = partition;
         deliveries.push(producer.send_result(record).unwrap_or_else(|(e, _)| panic!("produce: {e}")));
     }
     for delivery in deliveries {
-        assert!(matches!(delivery.await, Ok(Ok(_))), "a backlog message was not delivered");
+        assert!(matches!(delivery.await, Ok(Ok(_))), "a message was not delivered");
     }
 }
 
@@ -390,22 +397,14 @@ async fn the_re_reader_moves_thousands_of_times_and_reads_from_where_it_was_move
         Stack::start_with(StackOptions { start_writer: false, request_partitions: 8, ..Default::default() }).await;
     let topic = format!("{}.requests", stack.topic_prefix);
     let partitions = i32::try_from(stack.request_partitions()).unwrap_or(i32::MAX);
-    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", env("INTAKE_KAFKA_BROKERS"))
-        .create()
-        .unwrap_or_else(|e| panic!("producer: {e}"));
-    let mut deliveries = Vec::new();
-    for partition in 0..partitions {
-        for offset in 0..PER_PARTITION {
-            // Each a kilobyte or two, as a chunk is: the fetches carry data while the consumer moves.
-            let payload = format!("{partition}/{offset}/{}", "x".repeat(2_000));
-            let record = rdkafka::producer::FutureRecord::to(&topic).partition(partition).key("k").payload(&payload);
-            deliveries.push(producer.send_result(record).unwrap_or_else(|(e, _)| panic!("produce: {e}")));
-        }
-    }
-    for delivery in deliveries {
-        assert!(matches!(delivery.await, Ok(Ok(_))), "a message was not delivered");
-    }
+    // Each a kilobyte or two, as a chunk is: the fetches carry data while the consumer moves.
+    let messages: Vec<(i32, Vec<u8>)> = (0..partitions)
+        .flat_map(|partition| {
+            (0..PER_PARTITION).map(move |offset| (partition, format!("{partition}/{offset}/{}", "x".repeat(2_000))))
+        })
+        .map(|(partition, payload)| (partition, payload.into_bytes()))
+        .collect();
+    produce_to(&topic, messages.iter().map(|(partition, payload)| (Some(*partition), "k", payload.as_slice()))).await;
 
     let args = intake_common::config::KafkaArgs {
         brokers: env("INTAKE_KAFKA_BROKERS"),
